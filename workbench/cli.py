@@ -1,0 +1,147 @@
+"""The ``workbench`` command: thin verbs over the library.
+
+    workbench run CONFIG.toml [--out DIR] [--resume] [--stop-after K] [--overwrite]
+    workbench sweep STUDY.toml [--out DIR]
+    workbench demo [--out DIR]
+    workbench ls DIR
+
+Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
+printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from workbench.config import load_run_config
+from workbench.errors import LaunchError, WorkbenchError
+
+DEFAULT_RUNS_DIR = Path("data/runs")
+
+
+class ProgressPrinter:
+    """Progress on one line on a terminal; a line every few seconds in a log."""
+
+    def __init__(self, stream=sys.stderr, interval_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+        self._stream, self._interval = stream, interval_s
+        self._tty = stream.isatty()
+        self._last = 0.0
+
+    def __call__(self, message: str, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if self._tty:
+            end = "\n" if final else ""
+            self._stream.write(f"\r\033[K{message}{end}")
+            self._stream.flush()
+        elif final or now - self._last >= self._interval:
+            self._stream.write(message + "\n")
+            self._stream.flush()
+            self._last = now
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from workbench.runner.launch import launch
+
+    cfg = load_run_config(args.config)
+    run_dir = args.out / cfg.name
+    printer = ProgressPrinter()
+    start = time.monotonic()
+    printer(f"{cfg.name}: {cfg.summary()} -> {run_dir}", final=True)
+    launch(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, overwrite=args.overwrite,
+           progress=lambda line: printer(f"{cfg.name}: {line}"))
+    printer(f"{cfg.name}: done in {time.monotonic() - start:.1f} s; open it with "
+            f"workbench.open_run({str(run_dir)!r})", final=True)
+    return 0
+
+
+def _run_study_file(path: Path, out: Path) -> list[Path]:
+    from workbench.study import load_study, run_study
+
+    study = load_study(path)
+    printer = ProgressPrinter()
+    printer(f"study {study.name}: {len(study.runs)} runs -> {out}", final=True)
+    start = time.monotonic()
+
+    def report(index: int, total: int, planned, message: str) -> None:  # type: ignore[no-untyped-def]
+        final = not message.startswith("step=")
+        printer(f"[{index}/{total}] {planned.name} ({planned.config.summary()}): {message}", final=final)
+
+    folders = run_study(study, out, report)
+    printer(f"study {study.name}: {len(folders)} runs in {time.monotonic() - start:.1f} s", final=True)
+    return folders
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.config import read_toml
+
+    out = args.out or DEFAULT_RUNS_DIR / str(read_toml(args.study).get("name", args.study.stem))
+    _run_study_file(args.study, out)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    with resources.as_file(resources.files("workbench") / "examples" / "demo.toml") as study_file:
+        _run_study_file(study_file, args.out)
+    print()
+    return _cmd_ls(argparse.Namespace(directory=args.out))
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from workbench.store.reader import list_runs
+
+    table = list_runs(args.directory)
+    if table.empty:
+        print(f"no runs under {args.directory}")
+        return 0
+    print(table.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    run = verbs.add_parser("run", help="train one run config into a run store")
+    run.add_argument("config", type=Path, help="run config (TOML)")
+    run.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR, help="folder for run folders (default %(default)s)")
+    run.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    run.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K steps (to resume later)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
+    run.set_defaults(func=_cmd_run)
+
+    sweep = verbs.add_parser("sweep", help="run every config of a study (skips complete runs)")
+    sweep.add_argument("study", type=Path, help="study file (TOML)")
+    sweep.add_argument("--out", type=Path, default=None, help="folder for the runs (default data/runs/<study>)")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    demo = verbs.add_parser("demo", help="run the demo study on CPU")
+    demo.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR / "demo", help="default %(default)s")
+    demo.set_defaults(func=_cmd_demo)
+
+    ls = verbs.add_parser("ls", help="list the runs under a folder")
+    ls.add_argument("directory", type=Path)
+    ls.set_defaults(func=_cmd_ls)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except LaunchError as err:
+        print(f"workbench: run failed: {err}", file=sys.stderr)
+        return 1
+    except WorkbenchError as err:
+        print(f"workbench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("workbench: interrupted; every rank was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

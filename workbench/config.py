@@ -1,0 +1,315 @@
+"""Run configuration: frozen, keyword-only dataclasses loaded from TOML and validated.
+
+A run is described by one ``RunConfig``; its sections (``model``, ``layout``, ``optim``,
+``data``) are TOML tables. Every bad value raises ``ConfigError`` naming the field (as a
+dotted path), the value, and what is allowed. This module imports no torch, so stores
+can be read and configs checked on machines that never train.
+
+    cfg = load_run_config("examples/tiny.toml")
+    cfg2 = cfg.with_overrides({"layout.tp": 2, "precision": "bf16"})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Mapping
+
+from workbench.errors import ConfigError
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class PositionEmbedding(StrEnum):
+    LEARNED_ABSOLUTE = "learned_absolute"
+    ROPE = "rope"
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name} = {value!r} is not allowed: {allowed}")
+
+
+def _positive(name: str, value: int) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+             name, value, "a whole number >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the GPT model (Megatron Core ``GPTModel`` with the local layer spec)."""
+
+    num_layers: int = 4
+    """Transformer layers; divisible by ``layout.pp``."""
+    hidden_size: int = 256
+    """Width of the residual stream; divisible by ``num_attention_heads``."""
+    num_attention_heads: int = 4
+    """Attention heads; divisible by ``layout.tp``."""
+    ffn_hidden_size: int | None = None
+    """MLP width; defaults to 4 x ``hidden_size``; divisible by ``layout.tp``."""
+    vocab_size: int = 256
+    """Vocabulary of the synthetic corpus; divisible by ``layout.tp``."""
+    seq_length: int = 64
+    """Tokens per sample."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of weight matrices."""
+    position_embedding: PositionEmbedding = PositionEmbedding.ROPE
+    """``rope`` or ``learned_absolute``."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.ffn_hidden_size is not None:
+            _positive("model.ffn_hidden_size", self.ffn_hidden_size)
+        _require(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size",
+                 self.hidden_size, f"a multiple of model.num_attention_heads ({self.num_attention_heads})")
+        _require(isinstance(self.init_std, (int, float)) and self.init_std > 0, "model.init_std",
+                 self.init_std, "a number > 0")
+        object.__setattr__(self, "position_embedding",
+                           _enum(PositionEmbedding, self.position_embedding, "model.position_embedding"))
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutConfig:
+    """How the model is split over processes: world size = tp x pp x dp."""
+
+    tp: int = 1
+    """Tensor-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel size (1F1B schedule when > 1)."""
+    dp: int = 1
+    """Data-parallel size (Megatron DDP grad buffers)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp"):
+            _positive(f"layout.{name}", getattr(self, name))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def summary(self) -> str:
+        return f"TP{self.tp}-PP{self.pp}-DP{self.dp}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with warm-up and cosine decay, gradient clipping and (fp16) loss scaling."""
+
+    lr: float = 3e-3
+    """Peak learning rate, reached at the end of warm-up."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 5
+    """Linear warm-up steps from 0 to ``lr``."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on weight matrices (not on biases or norms)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    """Clip the global gradient L2 norm to this value; 0 disables clipping."""
+    initial_loss_scale: float = 2.0**16
+    """fp16 only: starting dynamic loss scale."""
+    loss_scale_window: int = 50
+    """fp16 only: steps without overflow before the loss scale doubles."""
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "beta1", "beta2", "eps", "initial_loss_scale"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and value > 0, f"optim.{name}", value, "a number > 0")
+        for name in ("min_lr", "weight_decay", "clip_grad"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and value >= 0, f"optim.{name}", value, "a number >= 0")
+        _require(self.min_lr <= self.lr, "optim.min_lr", self.min_lr, f"at most optim.lr ({self.lr})")
+        _require(self.beta1 < 1 and self.beta2 < 1, "optim.beta1/beta2", (self.beta1, self.beta2),
+                 "numbers in (0, 1)")
+        _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "optim.warmup_steps",
+                 self.warmup_steps, "a whole number >= 0")
+        _positive("optim.loss_scale_window", self.loss_scale_window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """The synthetic corpus: a sparse Markov chain over the vocabulary (no downloads)."""
+
+    seed: int = 0
+    """Seed of the corpus; the same seed gives the same samples on every machine."""
+    branching: int = 4
+    """Successors per token; the corpus entropy grows with it (ln(vocab) is no structure)."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.seed, int) and self.seed >= 0, "data.seed", self.seed, "a whole number >= 0")
+        _positive("data.branching", self.branching)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run: model, layout, precision, determinism, schedule and data."""
+
+    name: str
+    """Run name: letters, digits, '-', '_' and '.'; names the run's folder."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: Precision = Precision.FP32
+    """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
+    deterministic: bool = True
+    """Apply Megatron's deterministic mode; false leaves fast (GPU) or emulated (CPU) nondeterminism."""
+    seed: int = 1234
+    """Seed of the initialisation; the same seed gives the same weights for every layout."""
+    steps: int = 40
+    """Optimizer steps."""
+    global_batch_size: int = 16
+    """Samples per step; divisible by micro_batch_size x layout.dp."""
+    micro_batch_size: int = 2
+    """Samples per forward pass."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (and at step 0); 0 saves none."""
+    flush_every: int = 10
+    """Write recorded steps to the store at least this often; bounds what a crash loses."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and self.name != "" and
+                 all(c.isalnum() or c in "-_." for c in self.name), "name", self.name,
+                 "a non-empty string of letters, digits, '-', '_' and '.'")
+        object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
+        _require(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
+        _require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "a whole number >= 0")
+        for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
+            _positive(name, getattr(self, name))
+        _require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
+                 self.checkpoint_every, "a whole number >= 0 (0 = no checkpoints)")
+        m, lay = self.model, self.layout
+        per_step = self.micro_batch_size * lay.dp
+        _require(self.global_batch_size % per_step == 0, "global_batch_size", self.global_batch_size,
+                 f"a multiple of micro_batch_size x layout.dp = {per_step}")
+        _require(m.num_layers % lay.pp == 0, "layout.pp", lay.pp,
+                 f"a divisor of model.num_layers ({m.num_layers})")
+        for name, size in (("num_attention_heads", m.num_attention_heads), ("vocab_size", m.vocab_size),
+                           ("ffn_hidden_size", m.ffn_size)):
+            _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.layout.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.model.seq_length
+
+    def summary(self) -> str:
+        m = self.model
+        mode = "det" if self.deterministic else "nondet"
+        return (f"L{m.num_layers} H{m.hidden_size} {self.layout.summary()} {self.precision.value} "
+                f"{mode} seed{self.seed}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+        return _build(cls, data, prefix="", source=source)
+
+    def with_overrides(self, overrides: Mapping[str, Any], *, source: str = "overrides") -> RunConfig:
+        """A copy with dotted keys replaced, e.g. ``{"layout.tp": 2, "precision": "bf16"}``."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    raise ConfigError(f"{source}: {key!r} does not name a config field")
+                node = node[part]
+            if leaf not in node:
+                raise ConfigError(f"{source}: {key!r} does not name a config field")
+            node[leaf] = value
+        return RunConfig.from_dict(data, source=source)
+
+    def numerics_hash(self) -> str:
+        """Hash of everything that shapes the numbers (the name excluded): equal configs, equal hash."""
+        data = self.to_dict()
+        data.pop("name")
+        data.pop("flush_every")
+        data.pop("checkpoint_every")
+        text = json.dumps(data, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "optim": OptimConfig,
+                              "data": DataConfig}
+
+
+def _enum(kind: type[StrEnum], value: object, name: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in kind)  # type: ignore[attr-defined]
+        raise ConfigError(f"{name} = {value!r} is not allowed: one of {allowed}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a table, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field {prefix}{unknown[0]!r}; "
+                          f"allowed: {', '.join(prefix + n for n in fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        section = _SECTIONS.get(name) if cls is RunConfig else None
+        if section is not None:
+            kwargs[name] = _build(section, value, prefix=f"{prefix}{name}.", source=source)
+            continue
+        expected = str(fields[name].type)
+        if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if expected in ("int", "int | None", "bool") and isinstance(value, float):
+            raise ConfigError(f"{source}: {prefix}{name} = {value!r} is not allowed: a whole number")
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    except TypeError as err:
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: {err}") from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning a missing file or a syntax error into ``ConfigError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Load and validate a run config from a TOML file."""
+    return RunConfig.from_dict(read_toml(path), source=str(path))

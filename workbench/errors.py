@@ -1,0 +1,40 @@
+"""The workbench's errors: one root, each class also a matching built-in.
+
+Callers can catch ``WorkbenchError`` for anything the workbench raises on purpose, or the
+built-in (``FileNotFoundError``, ``ValueError``, ``RuntimeError``) as they would anywhere.
+Every message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Root of every error the workbench raises on purpose."""
+
+
+class ConfigError(WorkbenchError, ValueError):
+    """A configuration value is missing, of the wrong type, or outside its allowed values."""
+
+
+class RunNotFoundError(WorkbenchError, FileNotFoundError):
+    """A path that should hold a run store does not exist."""
+
+
+class NotARunError(WorkbenchError, ValueError):
+    """A path exists but is not a workbench run store."""
+
+
+class SchemaVersionError(WorkbenchError, ValueError):
+    """A run store was written by a newer workbench than this one."""
+
+
+class UnsupportedError(WorkbenchError, RuntimeError):
+    """The requested feature needs hardware or software this machine does not have."""
+
+
+class LaunchError(WorkbenchError, RuntimeError):
+    """A training run could not be started, or one of its ranks failed."""
+
+
+class CheckpointError(WorkbenchError, RuntimeError):
+    """No usable checkpoint exists where one is needed, or it does not match the run."""

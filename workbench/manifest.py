@@ -1,0 +1,69 @@
+"""The run manifest: what a run was, where, with what, and how it ended.
+
+Built by the launcher before any rank starts (config, layout, precision, determinism
+switches, library versions, host, git revision) and completed by rank 0 with what only
+a running rank knows (device, CUDA and NCCL versions, emulated nondeterminism). Stored
+as the run group's attributes. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from workbench import determinism
+from workbench.config import RunConfig
+from workbench.store.layout import Status
+from workbench.store.writer import now
+
+_PACKAGES = ("workbench", "torch", "megatron-core", "transformer-engine", "zarr", "numpy", "xarray", "pandas")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_revision(directory: Path | None = None) -> str | None:
+    """The revision of the project checkout (with ``-dirty`` if it has changes), or None."""
+    directory = directory or Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=directory,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev + ("-dirty" if dirty else "")
+
+
+def new_manifest(cfg: RunConfig, *, resumed: bool = False) -> dict[str, Any]:
+    return {
+        "run_id": f"{cfg.name}-{uuid.uuid4().hex[:8]}",
+        "name": cfg.name,
+        "config": cfg.to_dict(),
+        "config_hash": cfg.numerics_hash(),
+        "layout": {"tp": cfg.layout.tp, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
+                   "world_size": cfg.layout.world_size},
+        "precision": cfg.precision.value,
+        "determinism": determinism.describe(cfg.deterministic),
+        "versions": library_versions(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git_revision": git_revision(),
+        "launcher": {"pid": os.getpid(), "host": socket.gethostname()},
+        "started_at": now(),
+        "status": Status.CREATED,
+        "resumes": [],
+    }

@@ -1,0 +1,1 @@
+"""The Megatron Core runner (torch and megatron-core): worker loop, launcher, checkpoints."""

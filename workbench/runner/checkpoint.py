@@ -1,0 +1,112 @@
+"""Checkpoints: the full training state before a step, saved per rank, loaded without code.
+
+``checkpoints/step_<K>/`` holds the state after K updates:
+
+    model_tp<T>_pp<P>.pt   parameters (canonical names, this rank's TP shard), optimizer and
+                           LR-schedule state; written by the DP-rank-0 replica of each shard
+    rank<R>.pt             RNG state of global rank R
+    meta.json              step, layout, config hash; written last, after a barrier, so a
+                           checkpoint without it is incomplete and never loaded
+
+Files hold only tensors, numbers, strings and containers, and are read with
+``torch.load(..., weights_only=True)``: loading a checkpoint never runs code from it.
+The data position is the step itself (samples are a function of their index).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from workbench.errors import CheckpointError
+from workbench.store.layout import RunPaths
+
+
+def _model_file(directory: Path, tp_rank: int, pp_rank: int) -> Path:
+    return directory / f"model_tp{tp_rank}_pp{pp_rank}.pt"
+
+
+def _shard_info(param: torch.Tensor) -> list[int] | None:
+    """[partition dim, TP rank, TP size] of a tensor-parallel parameter, None for a replica."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return None
+    return [int(param.partition_dim), ps.get_tensor_model_parallel_rank(),  # type: ignore[attr-defined]
+            ps.get_tensor_model_parallel_world_size()]
+
+
+def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], optimizer: dict[str, Any],
+         scheduler: dict[str, Any], meta: dict[str, Any]) -> Path:
+    directory = paths.checkpoint(step)
+    directory.mkdir(parents=True, exist_ok=True)
+    rank = dist.get_rank()
+    if ps.get_data_parallel_rank() == 0:
+        state = {
+            "step": step,
+            "params": {name: p.detach().cpu().clone() for name, p in params},
+            "shards": {name: _shard_info(p) for name, p in params},
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+        }
+        _atomic_save(state, _model_file(directory, ps.get_tensor_model_parallel_rank(),
+                                        ps.get_pipeline_model_parallel_rank()))
+    _atomic_save({"rng": torch.get_rng_state()}, directory / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        (directory / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=1))
+    dist.barrier()
+    return directory
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(".partial")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def latest_step(paths: RunPaths) -> int:
+    steps = paths.checkpoint_steps()
+    if not steps:
+        raise CheckpointError(f"{paths.checkpoints}: no complete checkpoint to resume from "
+                              "(set checkpoint_every in the config)")
+    return steps[-1]
+
+
+def read_meta(paths: RunPaths, step: int) -> dict[str, Any]:
+    return json.loads((paths.checkpoint(step) / "meta.json").read_text())
+
+
+def load(paths: RunPaths, step: int) -> dict[str, Any]:
+    """This rank's model/optimizer state at ``step``; restores the rank's RNG state too."""
+    directory = paths.checkpoint(step)
+    state = torch.load(_model_file(directory, ps.get_tensor_model_parallel_rank(),
+                                   ps.get_pipeline_model_parallel_rank()), weights_only=True)
+    rng = torch.load(directory / f"rank{dist.get_rank()}.pt", weights_only=True)
+    torch.set_rng_state(rng["rng"])
+    return state
+
+
+def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every parameter of a checkpoint as its full, unsharded tensor (TP shards concatenated)."""
+    directory = Path(directory)
+    files = sorted(directory.glob("model_tp*_pp*.pt"))
+    if not files or not (directory / "meta.json").is_file():
+        raise CheckpointError(f"{directory}: not a complete checkpoint")
+    shards: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    dims: dict[str, int | None] = {}
+    for file in files:
+        state = torch.load(file, weights_only=True)
+        for name, tensor in state["params"].items():
+            info = state["shards"][name]
+            dims[name] = None if info is None else info[0]
+            shards.setdefault(name, []).append((0 if info is None else info[1], tensor))
+    full = {}
+    for name, parts in shards.items():
+        parts.sort(key=lambda part: part[0])
+        dim = dims[name]
+        full[name] = parts[0][1] if dim is None else torch.cat([t for _, t in parts], dim=dim)
+    return full

@@ -1,0 +1,164 @@
+"""Launching a run: one process per rank, a log per rank, progress, and no hung process groups.
+
+``launch`` creates the run store with its manifest, starts ``tp x pp x dp`` worker
+processes (gloo on CPU, NCCL on GPU) with the determinism switches in their environment,
+shows rank 0's progress, and watches every rank: if one fails, the others are stopped
+(SIGTERM, then SIGKILL) and the failing rank's error is raised as ``LaunchError``.
+Imports no torch: the launcher stays light and the workers do the training.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench import determinism
+from workbench.config import RunConfig
+from workbench.errors import CheckpointError, LaunchError
+from workbench.manifest import new_manifest
+from workbench.store import layout
+from workbench.store.reader import open_run
+from workbench.store.writer import create_store, set_status
+
+ProgressFn = Callable[[str], None]
+_POLL_S = 0.2
+_GRACE_S = 5.0
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _threads_per_rank(world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def _spawn(cfg: RunConfig, paths: layout.RunPaths, args: list[str]) -> list[_Rank]:
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    world = cfg.layout.world_size
+    port = _free_port()
+    ranks = []
+    for rank in range(world):
+        env = determinism.rank_environment(cfg.deterministic)
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+        env.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(world)))
+        log = paths.rank_log(rank)
+        with log.open("wb") as out:
+            process = subprocess.Popen([sys.executable, "-m", "workbench.runner.worker", str(paths.run_dir), *args],
+                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                       start_new_session=True)
+        ranks.append(_Rank(rank, process, log))
+    return ranks
+
+
+def _stop(ranks: list[_Rank]) -> None:
+    for r in ranks:
+        if r.process.poll() is None:
+            os.killpg(r.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    for r in ranks:
+        try:
+            r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(r.process.pid, signal.SIGKILL)
+            r.process.wait()
+
+
+def error_excerpt(log: Path, lines: int = 25) -> str:
+    """The end of a rank's log, from its last traceback if it has one."""
+    text = log.read_text(errors="replace").splitlines() if log.exists() else []
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback")]
+    tail = text[starts[-1]:] if starts else text[-lines:]
+    return "\n".join(tail[-lines:])
+
+
+class _ProgressReader:
+    """Follows rank 0's log and hands each new ``PROGRESS`` line to ``report``."""
+
+    def __init__(self, log: Path, report: ProgressFn | None) -> None:
+        self._log, self._report, self._offset = log, report, 0
+
+    def poll(self) -> None:
+        if self._report is None or not self._log.exists():
+            return
+        with self._log.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            if line.startswith("PROGRESS "):
+                self._report(line.removeprefix("PROGRESS "))
+
+
+def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
+    """Wait for every rank; return the first that failed (the others stopped), else None."""
+    try:
+        while True:
+            progress.poll()
+            codes = [r.process.poll() for r in ranks]
+            failed = [r for r, code in zip(ranks, codes) if code not in (None, 0)]
+            if failed:
+                _stop(ranks)
+                return failed[0]
+            if all(code == 0 for code in codes):
+                progress.poll()
+                return None
+            time.sleep(_POLL_S)
+    except BaseException:
+        _stop(ranks)
+        raise
+
+
+def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = False, stop_after: int | None = None,
+           overwrite: bool = False, progress: ProgressFn | None = None) -> Path:
+    """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails."""
+    paths = layout.RunPaths(Path(run_dir))
+    if resume:
+        existing = open_run(paths.run_dir)
+        if existing.manifest.get("config_hash") != cfg.numerics_hash():
+            raise CheckpointError(f"{paths.run_dir}: the store was written with a different config "
+                                  f"({existing.config.summary()}); resume needs the same config")
+        if not paths.checkpoint_steps():
+            raise CheckpointError(f"{paths.checkpoints}: no complete checkpoint to resume from "
+                                  "(set checkpoint_every in the config)")
+        set_status(paths.run_dir, layout.Status.RUNNING,
+                   launcher={"pid": os.getpid(), "host": socket.gethostname()})
+    else:
+        if layout.resolve_run_dir(paths.run_dir) is not None and not overwrite:
+            raise LaunchError(f"{paths.run_dir} already holds a run; pass --resume to continue it or "
+                              "--overwrite to start again")
+        if paths.run_dir.exists() and overwrite:
+            shutil.rmtree(paths.run_dir)
+        create_store(paths.run_dir, new_manifest(cfg), cfg.steps)
+    args = (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else [])
+    ranks = _spawn(cfg, paths, args)
+    failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+    if failed is not None:
+        excerpt = error_excerpt(failed.log)
+        set_status(paths.run_dir, layout.Status.FAILED,
+                   error={"rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
+                          "excerpt": excerpt[-2000:]})
+        raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
+                          f"all ranks stopped. Its log: {failed.log}\n{excerpt}")
+    stopped = stop_after is not None and stop_after < cfg.steps
+    set_status(paths.run_dir, layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
+    return paths.run_dir

@@ -1,0 +1,215 @@
+"""One rank of a training run: the Megatron Core pretraining loop.
+
+Started by the launcher (``workbench.runner.launch``) once per rank, with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its environment:
+
+    python -m workbench.runner.worker RUN_DIR [--resume] [--stop-after K]
+
+It reads the config from the run's manifest, builds the model for its place in the
+TP x PP x DP grid, trains with the schedule from ``get_forward_backward_func`` (1F1B when
+PP > 1), and global rank 0 writes one row of scalars per step into the store. Progress
+lines on stdout start with ``PROGRESS`` for the launcher to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from workbench import determinism
+from workbench.config import RunConfig
+from workbench.data import SyntheticCorpus, rank_microbatch_indices
+from workbench.runner import cpu_compat
+from workbench.store import layout
+from workbench.store.reader import open_run
+from workbench.store.writer import ScalarWriter, update_manifest
+
+FAIL_AT_ENV = "WORKBENCH_FAIL_AT"
+"""``RANK:STEP``: that rank raises at that step. For testing that a failing rank stops the run."""
+
+
+class Trainer:
+    """The state of one rank: model, optimizer, schedule, data; ``train_step`` runs one step."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from workbench.runner.model import build_model
+        from workbench.runner.nondeterminism import emulate_atomics
+        from workbench.runner.optimizer import build_optimizer, build_scheduler
+
+        self.cfg, self.device = cfg, device
+        self.on_gpu = device.type == "cuda"
+        self.model = build_model(cfg, device)
+        self.emulated = [] if cfg.deterministic or self.on_gpu else emulate_atomics(self.model.gpt)
+        self.optimizer = build_optimizer(self.model, cfg, self.on_gpu)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        if cfg.precision.value == "fp16":
+            self.model.config.grad_scale_func = self.optimizer.scale_loss
+        self.forward_backward = get_forward_backward_func()
+        self.corpus = SyntheticCorpus(vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length,
+                                      seed=cfg.data.seed, branching=cfg.data.branching)
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.reports_loss = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+        s = cfg.model.seq_length
+        self.position_ids = torch.arange(s, device=device).unsqueeze(0).expand(cfg.micro_batch_size, s)
+        # An explicit causal mask (True = masked): Megatron's default one is built on "cuda".
+        self.attention_mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)[None, None]
+
+    def _microbatches(self, step: int) -> Iterator[torch.Tensor]:
+        cfg = self.cfg
+        for indices in rank_microbatch_indices(step, global_batch_size=cfg.global_batch_size,
+                                               micro_batch_size=cfg.micro_batch_size, dp=cfg.layout.dp,
+                                               dp_rank=self.dp_rank):
+            yield torch.from_numpy(self.corpus.samples(indices)).to(self.device)  # [mbs, seq + 1]
+
+    def _forward_step(self, data_iterator: Iterator[torch.Tensor], model: torch.nn.Module):  # type: ignore[no-untyped-def]
+        tokens = next(data_iterator)
+        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        output = model(inputs, self.position_ids, self.attention_mask, labels=labels)  # [mbs, seq] losses
+        return output, partial(_mean_loss, labels.numel())
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.model.ddp.zero_grad_buffer()
+        self.scheduler.step(1)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        loss_scale = self.optimizer.loss_scale()
+        losses = self.forward_backward(
+            forward_step_func=self._forward_step, data_iterator=self._microbatches(step),
+            model=[self.model.ddp], num_microbatches=cfg.num_microbatches, seq_length=cfg.model.seq_length,
+            micro_batch_size=cfg.micro_batch_size, forward_only=False)
+        updated, grad_norm = self.optimizer.step()
+        loss = self._global_loss(losses)
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_scale": loss_scale, "step_time": elapsed,
+                "tokens_per_s": cfg.tokens_per_step / elapsed, "skipped": 0.0 if updated else 1.0}
+
+    def _global_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
+        """Mean loss over the global batch, known on every rank (one all-reduce of one number)."""
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.reports_loss:
+            total[0] = sum(float(x["lm loss"]) for x in losses) / len(losses) / self.cfg.layout.dp
+        dist.all_reduce(total)
+        return float(total[0])
+
+    def state(self) -> dict[str, Any]:
+        return {"params": self.model.named_parameters(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    @torch.no_grad()
+    def restore(self, state: dict[str, Any]) -> None:
+        for name, param in self.model.named_parameters():
+            param.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _mean_loss(num_tokens: int, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = output.float().sum() / num_tokens
+    # A copy: the schedule divides the returned loss in place by the number of micro-batches.
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def runtime_facts(device: torch.device) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "backend": dist.get_backend(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "cpu_compat_layer": cpu_compat.is_installed(),
+    }
+    if device.type == "cuda":
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return facts
+
+
+def _check_injected_failure(rank: int, step: int) -> None:
+    spec = os.environ.get(FAIL_AT_ENV)
+    if spec and spec == f"{rank}:{step}":
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} ({FAIL_AT_ENV}={spec})")
+
+
+def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from workbench.runner import checkpoint
+
+    paths = layout.RunPaths(run_dir)
+    run_store = open_run(run_dir)
+    cfg, manifest = run_store.config, run_store.manifest
+    rank = int(os.environ["RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        cpu_compat.install()
+        device = torch.device("cpu")
+    determinism.apply_in_process(cfg.deterministic)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=10))
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.layout.tp,
+                                 pipeline_model_parallel_size=cfg.layout.pp)
+    model_parallel_cuda_manual_seed(cfg.seed)
+    trainer = Trainer(cfg, device)
+
+    start = 0
+    if resume:
+        start = checkpoint.latest_step(paths)
+        meta = checkpoint.read_meta(paths, start)
+        if meta.get("layout") != manifest["layout"] or meta.get("config_hash") != manifest["config_hash"]:
+            raise SystemExit(f"checkpoint {paths.checkpoint(start)} was written by a different config or layout")
+        trainer.restore(checkpoint.load(paths, start))
+    if rank == 0:
+        record = dict(manifest["determinism"])
+        record.update(determinism.describe(cfg.deterministic, trainer.emulated))
+        update_manifest(run_dir, runtime=runtime_facts(device), determinism=record, status=layout.Status.RUNNING,
+                        resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []))
+    writer = ScalarWriter(run_dir, cfg.flush_every) if rank == 0 else None
+    meta = {"layout": manifest["layout"], "config_hash": manifest["config_hash"]}
+
+    for step in range(start, cfg.steps + 1):
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not (resume and step == start):
+            if writer:
+                writer.flush()
+            checkpoint.save(paths, step, meta=meta, **trainer.state())
+        if step == cfg.steps or (stop_after is not None and step >= stop_after):
+            break
+        _check_injected_failure(rank, step)
+        row = trainer.train_step(step)
+        if writer:
+            writer.append(step, row)
+            print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f} "
+                  f"grad_norm={row['grad_norm']:.3f} lr={row['lr']:.2e} step_time={row['step_time']:.3f}s",
+                  flush=True)
+    if writer:
+        writer.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=None)
+    args = parser.parse_args(argv)
+    run(args.run_dir, resume=args.resume, stop_after=args.stop_after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

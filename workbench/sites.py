@@ -1,0 +1,51 @@
+"""Canonical site names: one name per logical tensor, whatever the layout.
+
+A name follows the full model's structure, never a pipeline stage's local numbering or
+a tensor-parallel shard, so runs with different TP/PP/DP layouts line up name for name:
+
+    embedding.word_embeddings.weight
+    layers.3.self_attention.linear_qkv.weight     (global layer 3, 0-based)
+    final_layernorm.weight
+    output_layer.weight
+
+Wrappers (Megatron's DDP, ``Float16Module``) add ``module.`` prefixes and the decoder
+adds ``decoder.``; both are removed. Imports nothing from torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+_WRAPPER_PREFIX = "module."
+_LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_GLOBAL_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def strip_wrappers(name: str) -> str:
+    while name.startswith(_WRAPPER_PREFIX):
+        name = name[len(_WRAPPER_PREFIX):]
+    return name
+
+
+def canonical_name(local_name: str, global_layer: Mapping[int, int]) -> str:
+    """The canonical name of a parameter or module known locally as ``local_name``.
+
+    ``global_layer`` maps this stage's local layer index to the global (0-based) one.
+    """
+    name = strip_wrappers(local_name)
+    match = _LOCAL_LAYER.match(name)
+    if match:
+        local = int(match.group(1))
+        if local not in global_layer:
+            raise KeyError(f"local layer {local} of {local_name!r} has no global number")
+        return f"layers.{global_layer[local]}.{name[match.end():]}"
+    if name.startswith("decoder."):
+        return name[len("decoder."):]
+    return name
+
+
+def layer_of(site: str) -> int | None:
+    """Global layer number of a site, or None for sites outside the transformer layers."""
+    match = _GLOBAL_LAYER.match(site)
+    return int(match.group(1)) if match else None

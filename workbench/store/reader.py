@@ -1,0 +1,166 @@
+"""Reading run stores: ``open_run`` and ``list_runs``, with pandas and xarray views.
+
+Works while a run is being written and after it was killed: only rows flagged ``done``
+are returned. Imports no torch.
+
+    run = open_run("data/runs/demo/det-r0")
+    run.scalars                     # pandas DataFrame indexed by step
+    run.dataset()                   # xarray Dataset with a labelled ``step`` dimension
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+import zarr
+
+from workbench.config import RunConfig
+from workbench.errors import NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.store import layout
+
+
+class Run:
+    """One run store, opened for reading."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.paths = layout.RunPaths(run_dir)
+        self._root = zarr.open_group(self.paths.store, mode="r")
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, {self.status}, {self.steps_completed}/{self.steps_planned} steps)"
+
+    @property
+    def path(self) -> Path:
+        return self.paths.run_dir
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        return dict(self._root.attrs)
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["name"])
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest["run_id"])
+
+    @cached_property
+    def config(self) -> RunConfig:
+        return RunConfig.from_dict(self.manifest["config"], source=f"{self.paths.store} (manifest)")
+
+    @property
+    def steps_planned(self) -> int:
+        return int(self._root[layout.SCALARS_GROUP][layout.DONE_FIELD].shape[0])
+
+    @property
+    def done(self) -> np.ndarray:
+        """Per planned step: whether its row has been written (re-read on every access)."""
+        return np.asarray(self._root[layout.SCALARS_GROUP][layout.DONE_FIELD][:], dtype=bool)
+
+    @property
+    def steps_completed(self) -> int:
+        """Steps written without a gap from step 0."""
+        done = self.done
+        return int(np.argmin(done)) if not done.all() else len(done)
+
+    @property
+    def status(self) -> str:
+        """The stored status; a 'running' store whose launcher is gone reads 'interrupted'."""
+        status = str(zarr.open_group(self.paths.store, mode="r").attrs.get("status", layout.Status.CREATED))
+        if status == layout.Status.RUNNING and not _launcher_alive(self.manifest.get("launcher", {})):
+            return layout.Status.INTERRUPTED
+        return status
+
+    @property
+    def scalars(self) -> pd.DataFrame:
+        """Per-step scalars of the completed steps, indexed by ``step``."""
+        group = self._root[layout.SCALARS_GROUP]
+        n = self.steps_completed
+        frame = pd.DataFrame({name: group[name][:n] for name in layout.SCALAR_FIELDS},
+                             index=pd.Index(np.arange(n), name=layout.STEP_DIM))
+        frame["skipped"] = frame["skipped"].astype(bool)
+        return frame
+
+    def dataset(self) -> xr.Dataset:
+        """The scalars as a lazy xarray Dataset (``xarray.open_zarr``), completed steps only."""
+        ds = xr.open_zarr(self.paths.store, group=layout.SCALARS_GROUP, consolidated=False)
+        return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(0, self.steps_completed)})
+
+    @property
+    def final_loss(self) -> float:
+        n = self.steps_completed
+        return float(self._root[layout.SCALARS_GROUP]["loss"][n - 1]) if n else float("nan")
+
+
+def _launcher_alive(launcher: dict[str, Any]) -> bool:
+    if launcher.get("host") != socket.gethostname():
+        return True  # cannot tell from here; trust the stored status
+    pid = launcher.get("pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def open_run(path: str | os.PathLike[str]) -> Run:
+    """Open the run store at ``path`` (the run folder or its ``run.zarr``)."""
+    path = Path(path)
+    if not path.exists():
+        raise RunNotFoundError(f"{path}: no such run; create one with `workbench run CONFIG.toml`")
+    run_dir = layout.resolve_run_dir(path)
+    if run_dir is None:
+        raise NotARunError(f"{path}: not a run store (no {layout.STORE_DIR}/ with a zarr.json inside); "
+                           "pass a run folder made by `workbench run`")
+    try:
+        attrs = dict(zarr.open_group(layout.RunPaths(run_dir).store, mode="r").attrs)
+    except Exception as err:  # zarr raises several types for a damaged group
+        raise NotARunError(f"{path}: the Zarr group cannot be read ({err})") from None
+    if attrs.get("kind") != layout.STORE_KIND:
+        raise NotARunError(f"{path}: a Zarr group, but not a workbench run (attribute kind = "
+                           f"{attrs.get('kind')!r}, expected {layout.STORE_KIND!r})")
+    version = attrs.get("schema_version")
+    if not isinstance(version, int) or version > layout.SCHEMA_VERSION:
+        raise SchemaVersionError(f"{path}: store schema version {version!r} is newer than this workbench "
+                                 f"reads ({layout.SCHEMA_VERSION}); upgrade the workbench package")
+    return Run(run_dir)
+
+
+def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
+    """Run folders under ``directory`` (any depth), sorted by path."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RunNotFoundError(f"{directory}: no such directory")
+    return sorted(p.parent for p in directory.rglob(layout.STORE_DIR) if (p / "zarr.json").is_file())
+
+
+def list_runs(directory: str | os.PathLike[str]) -> pd.DataFrame:
+    """One row per run under ``directory``: id, name, config summary, steps, status, final loss."""
+    rows = []
+    for run_dir in find_runs(directory):
+        try:
+            run = open_run(run_dir)
+        except (NotARunError, SchemaVersionError):
+            continue
+        rows.append({
+            "name": run.name,
+            "run_id": run.run_id,
+            "config": run.config.summary(),
+            "steps": f"{run.steps_completed}/{run.steps_planned}",
+            "status": run.status,
+            "final_loss": run.final_loss,
+            "path": str(run_dir),
+        })
+    return pd.DataFrame(rows, columns=["name", "run_id", "config", "steps", "status", "final_loss", "path"])

@@ -1,0 +1,180 @@
+"""Studies: a matrix of run configs (and explicit runs) expanded from one TOML file.
+
+    name = "layouts"
+    base = "tiny.toml"               # a run config, relative to this file
+    repeats = 2                      # every run twice (same seed: repeats of one config)
+
+    [matrix]                         # cartesian product of dotted config keys
+    precision = ["fp32", "bf16"]
+    "layout.tp" = [1, 2]
+
+    [[runs]]                         # explicit runs: a name, overrides, optional resume
+    name = "resumed"
+    resume_at = 20                   # run to step 20, stop, resume from the checkpoint
+    repeats = 1
+
+``expand_study`` is pure; ``run_study`` launches each planned run in turn, skipping runs
+whose store is already complete with the same config.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.config import RunConfig, load_run_config, read_toml
+from workbench.errors import ConfigError, NotARunError, RunNotFoundError
+from workbench.store.layout import Status
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRun:
+    config: RunConfig
+    resume_at: int | None = None
+    """Stop after this many steps, then resume from the last checkpoint (a resume study)."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class Study:
+    name: str
+    runs: tuple[PlannedRun, ...]
+
+
+_STUDY_KEYS = {"name", "base", "repeats", "matrix", "runs"}
+_RUN_KEYS = {"name", "repeats", "resume_at"}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _label(key: str, value: Any) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    if key == "deterministic":
+        return "det" if value else "nondet"
+    if isinstance(value, bool):
+        return leaf if value else f"no{leaf}"
+    if isinstance(value, str):
+        return value
+    return f"{leaf}{value}"
+
+
+def _repeat_names(name: str, repeats: int) -> Iterator[str]:
+    if repeats == 1:
+        yield name
+    else:
+        yield from (f"{name}-r{i}" for i in range(repeats))
+
+
+def _positive_int(value: Any, field: str, source: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{source}: {field} = {value!r} is not allowed: a whole number >= 1")
+    return value
+
+
+def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "study") -> Study:
+    unknown = sorted(set(data) - _STUDY_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(_STUDY_KEYS))}")
+    name = data.get("name", base.name)
+    repeats = _positive_int(data.get("repeats", 1), "repeats", source)
+    planned: list[PlannedRun] = []
+    matrix = _flatten(data.get("matrix", {}))
+    for key, values in matrix.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{source}: matrix.{key} must be a non-empty list of values")
+    if matrix:
+        keys = list(matrix)
+        for combo in itertools.product(*(matrix[k] for k in keys)):
+            overrides = dict(zip(keys, combo))
+            label = "-".join(_label(k, v) for k, v in overrides.items())
+            for run_name in _repeat_names(label, repeats):
+                cfg = base.with_overrides({**overrides, "name": run_name}, source=f"{source} matrix")
+                planned.append(PlannedRun(config=cfg))
+    for i, entry in enumerate(data.get("runs", [])):
+        where = f"{source} runs[{i}]"
+        if "name" not in entry:
+            raise ConfigError(f"{where}: every run needs a name")
+        overrides = {k: v for k, v in _flatten(entry).items() if k.split(".")[0] not in _RUN_KEYS}
+        resume_at = entry.get("resume_at")
+        for run_name in _repeat_names(entry["name"], _positive_int(entry.get("repeats", repeats), "repeats", where)):
+            cfg = base.with_overrides({**overrides, "name": run_name}, source=where)
+            if resume_at is not None:
+                _positive_int(resume_at, "resume_at", where)
+                if not cfg.checkpoint_every or resume_at >= cfg.steps:
+                    raise ConfigError(f"{where}: resume_at = {resume_at} needs checkpoint_every > 0 and "
+                                      f"resume_at < steps ({cfg.steps})")
+            planned.append(PlannedRun(config=cfg, resume_at=resume_at))
+    names = [p.name for p in planned]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{source}: run name {duplicates[0]!r} is used twice; give each run its own name")
+    if not planned:
+        raise ConfigError(f"{source}: the study plans no runs; add a [matrix] table or [[runs]] entries")
+    return Study(name=name, runs=tuple(planned))
+
+
+def load_study(path: str | os.PathLike[str]) -> Study:
+    path = Path(path)
+    data = read_toml(path)
+    if "base" not in data:
+        raise ConfigError(f"{path}: a study needs base = \"RUN_CONFIG.toml\" (relative to the study file)")
+    base = load_run_config(path.parent / data["base"])
+    return expand_study(data, base, source=str(path))
+
+
+def is_complete(run_dir: Path, cfg: RunConfig) -> bool:
+    """True when ``run_dir`` already holds a complete run of exactly this config."""
+    from workbench.store.reader import open_run
+
+    try:
+        run = open_run(run_dir)
+    except (RunNotFoundError, NotARunError):
+        return False
+    return (run.status == Status.COMPLETE and run.manifest.get("config_hash") == cfg.numerics_hash()
+            and run.steps_completed == cfg.steps)
+
+
+Reporter = Callable[[int, int, PlannedRun, str], None]
+"""(index, total, run, message) -> None: how a study reports progress."""
+
+
+def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -> list[Path]:
+    """Launch every planned run of ``study`` into ``out_dir/<run name>``; return the run folders."""
+    from workbench.runner.launch import launch
+
+    out = Path(out_dir)
+    folders = []
+    total = len(study.runs)
+    for index, planned in enumerate(study.runs, start=1):
+        run_dir = out / planned.name
+        folders.append(run_dir)
+        if is_complete(run_dir, planned.config):
+            report(index, total, planned, "already complete, skipped")
+            continue
+
+        def progress(line: str, index: int = index, planned: PlannedRun = planned) -> None:
+            report(index, total, planned, line)
+
+        if planned.resume_at is None:
+            launch(planned.config, run_dir, overwrite=True, progress=progress)
+        else:
+            launch(planned.config, run_dir, overwrite=True, stop_after=planned.resume_at, progress=progress)
+            report(index, total, planned, f"stopped after step {planned.resume_at}; resuming from checkpoint")
+            launch(planned.config, run_dir, resume=True, progress=progress)
+        report(index, total, planned, "complete")
+    return folders
