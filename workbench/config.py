@@ -277,7 +277,7 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{source}: unknown field {prefix}{unknown[0]!r}; "
+        raise ConfigError(f"{source}: unknown field '{prefix}{unknown[0]}'; "
                           f"allowed: {', '.join(prefix + n for n in fields)}")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import determinism
-from workbench.config import RunConfig
+from workbench.config import Precision, RunConfig
 from workbench.errors import CheckpointError, LaunchError
 from workbench.manifest import new_manifest
 from workbench.store import layout
@@ -44,6 +44,12 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _threads_per_rank(world_size: int) -> int:
@@ -132,6 +138,10 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
            overwrite: bool = False, progress: ProgressFn | None = None) -> Path:
     """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails."""
     paths = layout.RunPaths(Path(run_dir))
+    if cfg.precision is Precision.FP8:
+        from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
+
+        check_precision_supported(cfg.precision, on_gpu=_has_gpu())
     if resume:
         existing = open_run(paths.run_dir)
         if existing.manifest.get("config_hash") != cfg.numerics_hash():

@@ -4,7 +4,7 @@ The model is Megatron Core's ``GPTModel`` with the local layer spec (or the Tran
 Engine spec for fp8), wrapped in ``Float16Module`` for bf16/fp16 and in Megatron's
 ``DistributedDataParallel`` for its grad buffers. Megatron's own initialisation draws
 from an RNG stream whose position depends on which layers a pipeline stage builds, so
-it is switched off; instead every parameter is drawn in full from a generator seeded by
+its values are replaced: every parameter is drawn in full from a generator seeded by
 ``(seed, canonical name)`` and this rank keeps its tensor-parallel shard. A TP=2, PP=2 or
 DP=2 run therefore starts bitwise identical to the TP=1 PP=1 DP=1 run.
 """
@@ -79,7 +79,10 @@ def transformer_config(cfg: RunConfig, on_gpu: bool) -> TransformerConfig:
         tensor_model_parallel_size=cfg.layout.tp, pipeline_model_parallel_size=cfg.layout.pp,
         params_dtype=torch.float32, pipeline_dtype=dtype,
         bf16=cfg.precision in (Precision.BF16, Precision.FP8), fp16=cfg.precision is Precision.FP16,
-        hidden_dropout=0.0, attention_dropout=0.0, perform_initialization=False,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        # Megatron initialises (and only then marks tensor-parallel attributes on the weights);
+        # initialize_parameters then overwrites every value layout-independently.
+        perform_initialization=True,
         **cpu_flags, **fp8_flags, **determinism.transformer_config_flags(cfg.deterministic),
     )
 

@@ -17,6 +17,7 @@ import argparse
 import datetime
 import os
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -143,12 +144,25 @@ def _check_injected_failure(rank: int, step: int) -> None:
         raise RuntimeError(f"injected failure on rank {rank} at step {step} ({FAIL_AT_ENV}={spec})")
 
 
+def _exit_when_orphaned(poll_s: float = 1.0) -> None:
+    """End this rank if its launcher dies (even by SIGKILL): no rank outlives its run."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from workbench.runner import checkpoint
 
+    _exit_when_orphaned()
     paths = layout.RunPaths(run_dir)
     run_store = open_run(run_dir)
     cfg, manifest = run_store.config, run_store.manifest

@@ -1,0 +1,94 @@
+"""A failing rank stops the whole run; a run killed with SIGKILL leaves a readable store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.integration.conftest import tiny_config
+from workbench.errors import LaunchError, UnsupportedError
+from workbench.runner.launch import launch
+from workbench.runner.worker import FAIL_AT_ENV
+from workbench.store.reader import open_run
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"workbench.runner.worker {run_dir}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAIL_AT_ENV, "1:2")
+    run_dir = tmp_path / "fails"
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"rank 1 .*failed[\s\S]*injected failure on rank 1 at step 2"):
+        launch(tiny_config("fails", **{"layout.dp": 2, "steps": 50}), run_dir)
+    assert time.monotonic() - start < 120
+    assert _worker_pids(run_dir) == []
+    run = open_run(run_dir)
+    assert run.status == "failed"
+    assert run.manifest["error"]["rank"] == 1
+    assert run.steps_completed <= 2
+
+
+def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "long.toml"
+    cfg_path.write_text(
+        'name = "long"\nsteps = 2000\nglobal_batch_size = 4\nmicro_batch_size = 2\nflush_every = 5\n'
+        "[model]\nnum_layers = 2\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 16\n"
+        "[layout]\ndp = 2\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "long"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (run_dir / "run.zarr").exists() and open_run(run_dir).steps_completed >= 20:
+            break
+        time.sleep(0.2)
+    else:
+        launcher.kill()
+        pytest.fail("the run did not write 20 steps in 120 s")
+    for pid in [launcher.pid, *_worker_pids(run_dir)]:
+        os.kill(pid, signal.SIGKILL)
+    launcher.wait()
+    time.sleep(0.5)
+    run = open_run(run_dir)
+    assert run.status == "interrupted"
+    n = run.steps_completed
+    assert 20 <= n < 2000
+    assert n % 5 == 0  # whole flushes only
+    assert np.isfinite(run.scalars.loss).all() and len(run.scalars) == n
+    assert run.dataset()["loss"].sizes["step"] == n
+
+
+def test_orphaned_ranks_exit_when_the_launcher_dies(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "orphan.toml"
+    cfg_path.write_text('name = "orphan"\nsteps = 5000\nglobal_batch_size = 2\nmicro_batch_size = 1\n'
+                        "[model]\nnum_layers = 1\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\n"
+                        "seq_length = 8\n[layout]\ndp = 2\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "orphan"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((run_dir / "run.zarr").exists() and open_run(run_dir).steps_completed):
+        time.sleep(0.2)
+    assert _worker_pids(run_dir)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 15
+    while _worker_pids(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _worker_pids(run_dir) == []
+
+
+def test_fp8_without_a_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedError, match="fp8.*no GPU"):
+        launch(tiny_config("fp8", precision="fp8"), tmp_path / "fp8")
+    assert not (tmp_path / "fp8").exists()

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.config import Precision, RunConfig, load_run_config
+from workbench.errors import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "workbench" / "examples"
+
+
+def test_example_configs_load() -> None:
+    cfg = load_run_config(EXAMPLES / "tiny.toml")
+    assert cfg.name == "tiny"
+    assert cfg.precision is Precision.FP32
+    assert cfg.num_microbatches == cfg.global_batch_size // cfg.micro_batch_size
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"precision": "fp64"}, "precision"),
+        ({"layout.tp": 3}, "layout.tp"),
+        ({"layout.pp": 3}, "layout.pp"),
+        ({"layout.dp": 0}, "layout.dp"),
+        ({"global_batch_size": 9}, "global_batch_size"),
+        ({"model.hidden_size": 65}, "model.hidden_size"),
+        ({"optim.min_lr": 1.0}, "optim.min_lr"),
+        ({"steps": 2.5}, "steps"),
+        ({"name": "has space"}, "name"),
+        ({"deterministic": "yes"}, "deterministic"),
+    ],
+)
+def test_bad_values_name_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        RunConfig(name="x").with_overrides(overrides)
+
+
+def test_bad_precision_lists_allowed_values() -> None:
+    with pytest.raises(ConfigError, match="'fp32', 'bf16', 'fp16', 'fp8'"):
+        RunConfig.from_dict({"name": "x", "precision": "int4"})
+
+
+def test_unknown_fields_are_rejected_with_the_allowed_ones(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\n[model]\nhidden = 3\n')
+    with pytest.raises(ConfigError, match=r"c\.toml.*model\.hidden.*model\.hidden_size"):
+        load_run_config(path)
+
+
+def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_run_config(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_run_config(bad)
+
+
+def test_round_trip_and_hash() -> None:
+    cfg = RunConfig(name="a").with_overrides({"layout.tp": 2, "precision": "bf16"})
+    again = RunConfig.from_dict(cfg.to_dict())
+    assert again == cfg
+    assert cfg.numerics_hash() == cfg.with_overrides({"name": "b", "flush_every": 3}).numerics_hash()
+    assert cfg.numerics_hash() != cfg.with_overrides({"seed": 7}).numerics_hash()
+
+
+def test_override_of_unknown_key() -> None:
+    with pytest.raises(ConfigError, match="does not name a config field"):
+        RunConfig(name="a").with_overrides({"layout.ep": 2})
+
+
+def test_integers_are_accepted_for_float_fields() -> None:
+    cfg = RunConfig.from_dict({"name": "a", "optim": {"lr": 1, "min_lr": 0}})
+    assert isinstance(cfg.optim.lr, float) and cfg.optim.lr == 1.0

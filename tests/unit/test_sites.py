@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import pytest
+
+from workbench.sites import canonical_name, layer_of, strip_wrappers
+
+
+def test_wrappers_and_decoder_are_removed() -> None:
+    assert strip_wrappers("module.module.embedding.word_embeddings.weight") == "embedding.word_embeddings.weight"
+    assert canonical_name("module.decoder.final_layernorm.weight", {}) == "final_layernorm.weight"
+
+
+def test_local_layers_get_global_numbers() -> None:
+    # Stage 2 of a PP=2 run with 4 layers holds global layers 2 and 3 as local 0 and 1.
+    name = canonical_name("module.decoder.layers.1.mlp.linear_fc1.weight", {0: 2, 1: 3})
+    assert name == "layers.3.mlp.linear_fc1.weight"
+    assert layer_of(name) == 3
+    assert layer_of("output_layer.weight") is None
+
+
+def test_unknown_local_layer_is_an_error() -> None:
+    with pytest.raises(KeyError, match="local layer 5"):
+        canonical_name("decoder.layers.5.mlp.linear_fc1.weight", {0: 0})

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from tests.conftest import write_synthetic_run
+from workbench.errors import NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.store import layout
+from workbench.store.reader import list_runs, open_run
+from workbench.store.writer import update_manifest
+
+
+def test_round_trip_of_scalars(synthetic_run: Path) -> None:
+    run = open_run(synthetic_run)
+    assert run.status == "complete"
+    assert run.steps_completed == run.steps_planned == 12
+    np.testing.assert_allclose(run.scalars.loss.to_numpy(), 5.0 - 0.1 * np.arange(12))
+    assert run.scalars.index.name == "step"
+    assert run.final_loss == pytest.approx(5.0 - 0.1 * 11)
+    assert run.config.name == "synthetic"
+
+
+def test_xarray_opens_the_store_with_labelled_steps_and_no_custom_code(synthetic_run: Path) -> None:
+    ds = xr.open_zarr(synthetic_run / layout.STORE_DIR, group=layout.SCALARS_GROUP, consolidated=False)
+    assert ds["loss"].dims == ("step",)
+    np.testing.assert_array_equal(ds["step"].to_numpy(), np.arange(12))
+    assert open_run(synthetic_run).dataset()["loss"].sizes["step"] == 12
+
+
+def test_open_run_accepts_the_zarr_path_too(synthetic_run: Path) -> None:
+    assert open_run(synthetic_run / layout.STORE_DIR).path == synthetic_run
+
+
+def test_partly_written_run_reads_only_written_steps(tmp_path: Path) -> None:
+    run_dir = write_synthetic_run(tmp_path / "r", steps=20, written=9, status=None)
+    run = open_run(run_dir)
+    assert run.steps_completed == 9
+    assert len(run.scalars) == 9
+    assert run.dataset()["loss"].sizes["step"] == 9
+    assert not np.isnan(run.scalars.loss).any()
+
+
+def test_running_store_of_a_dead_launcher_reads_interrupted(tmp_path: Path) -> None:
+    run_dir = write_synthetic_run(tmp_path / "r", status="running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    update_manifest(run_dir, launcher={"pid": dead.pid, "host": open_run(run_dir).manifest["host"]})
+    assert open_run(run_dir).status == "interrupted"
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError, match="no such run"):
+        open_run(tmp_path / "nope")
+
+
+def test_folder_without_a_store(tmp_path: Path) -> None:
+    with pytest.raises(NotARunError, match="not a run store"):
+        open_run(tmp_path)
+
+
+def test_zarr_group_that_is_not_a_run(tmp_path: Path) -> None:
+    zarr.open_group(tmp_path / "x" / layout.STORE_DIR, mode="w", zarr_format=3).attrs["kind"] = "something"
+    with pytest.raises(NotARunError, match="not a workbench run"):
+        open_run(tmp_path / "x")
+
+
+def test_newer_schema_is_refused(synthetic_run: Path) -> None:
+    update_manifest(synthetic_run, schema_version=layout.SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaVersionError, match="upgrade"):
+        open_run(synthetic_run)
+
+
+def test_list_runs(tmp_path: Path) -> None:
+    write_synthetic_run(tmp_path / "study" / "a", name="a")
+    write_synthetic_run(tmp_path / "study" / "b", name="b", written=3, status=None)
+    (tmp_path / "study" / "junk").mkdir()
+    table = list_runs(tmp_path)
+    assert list(table["name"]) == ["a", "b"]
+    assert list(table["steps"]) == ["12/12", "3/12"]
+    with pytest.raises(RunNotFoundError):
+        list_runs(tmp_path / "absent")
+
+
+def test_manifest_records_determinism_and_versions(synthetic_run: Path) -> None:
+    manifest = open_run(synthetic_run).manifest
+    assert manifest["schema_version"] == layout.SCHEMA_VERSION
+    assert manifest["determinism"]["deterministic"] is True
+    assert manifest["determinism"]["required_env"]["NCCL_ALGO"] == "Ring"
+    assert manifest["versions"]["zarr"] == zarr.__version__
+    assert "config_hash" in manifest and manifest["config"]["name"] == "synthetic"

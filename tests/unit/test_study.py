@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.errors import ConfigError
+from workbench.study import expand_study, load_study
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "workbench" / "examples"
+BASE = RunConfig(name="base", checkpoint_every=10, steps=40)
+
+
+def test_matrix_times_repeats() -> None:
+    study = expand_study({"name": "s", "repeats": 2,
+                          "matrix": {"precision": ["fp32", "bf16"], "layout": {"tp": [1, 2]}}}, BASE)
+    names = [r.name for r in study.runs]
+    assert len(names) == 8
+    assert "bf16-tp2-r1" in names
+    run = next(r for r in study.runs if r.name == "bf16-tp2-r1")
+    assert run.config.layout.tp == 2 and run.config.precision.value == "bf16"
+    assert run.config.seed == BASE.seed
+
+
+def test_explicit_runs_with_resume() -> None:
+    study = expand_study({"runs": [{"name": "nd", "deterministic": False, "repeats": 2},
+                                   {"name": "res", "resume_at": 20, "layout": {"dp": 2}}]}, BASE)
+    assert [r.name for r in study.runs] == ["nd-r0", "nd-r1", "res"]
+    assert study.runs[0].config.deterministic is False
+    assert study.runs[2].resume_at == 20 and study.runs[2].config.layout.dp == 2
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"runs": [{"name": "a"}, {"name": "a"}]}, "used twice"),
+        ({"runs": [{"deterministic": False}]}, "needs a name"),
+        ({"runs": [{"name": "a", "resume_at": 50}]}, "resume_at"),
+        ({"matrix": {"precision": []}}, "non-empty list"),
+        ({"matrix": {"precision": ["fp9"]}}, "precision"),
+        ({"colour": 1}, "unknown field 'colour'"),
+        ({}, "plans no runs"),
+    ],
+)
+def test_bad_studies(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        expand_study(data, BASE)
+
+
+def test_demo_study_covers_what_the_demo_promises() -> None:
+    study = load_study(EXAMPLES / "demo.toml")
+    configs = {r.name: r.config for r in study.runs}
+    assert {"det-r0", "det-r1", "nondet-r0", "nondet-r1", "bf16", "tp2", "pp2", "dp2", "resumed"} <= set(configs)
+    assert configs["det-r0"] == configs["det-r1"].with_overrides({"name": "det-r0"})
+    assert not configs["nondet-r0"].deterministic
+    assert configs["tp2"].layout.tp == 2 and configs["pp2"].layout.pp == 2 and configs["dp2"].layout.dp == 2
+    assert next(r for r in study.runs if r.name == "resumed").resume_at is not None
