@@ -20,7 +20,8 @@ def write_synthetic_run(run_dir: Path, *, steps: int = 12, written: int | None =
     writer = ScalarWriter(run_dir, flush_every=4)
     for step in range(steps if written is None else written):
         writer.append(step, {"loss": 5.0 - 0.1 * step + loss_offset, "grad_norm": 1.0, "lr": 1e-3,
-                             "loss_scale": 1.0, "step_time": 0.01, "tokens_per_s": 1e5, "skipped": 0})
+                             "loss_scale": 1.0, "step_time": 0.01, "tokens_per_s": 1e5, "recorder_time": 0.0,
+                             "skipped": 0})
     writer.close()
     if status is not None:
         set_status(run_dir, status)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from workbench.errors import ConfigError
+from workbench.sites import DEFAULT_KINDS, SITE_KINDS
 
 
 class Precision(StrEnum):
@@ -158,6 +159,53 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecordConfig:
+    """What the recorder records per step: which kinds of site, which sites, how often, and snapshots."""
+
+    enabled: bool = True
+    """Record per-site statistics and fingerprints (the per-step scalars are always recorded)."""
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    """Kinds of site: param, act, loss, act_grad, grad_local, grad, exp_avg, exp_avg_sq, update."""
+    sites: tuple[str, ...] = ("*",)
+    """Glob patterns over site ids ("kind:name"); a site is recorded if any pattern matches."""
+    every: int = 1
+    """Record every N-th step (step 0 included)."""
+    ranges: tuple[tuple[int, int], ...] = ()
+    """Only steps in these [start, stop) ranges; empty means all steps."""
+    snapshot_steps: tuple[int, ...] = ()
+    """Steps at which full tensors of ``snapshot_sites`` are written to the store (always recorded)."""
+    snapshot_sites: tuple[str, ...] = ()
+    """Glob patterns over site ids whose full tensors are snapshotted."""
+    compile: bool = True
+    """Compute statistics with one fused ``torch.compile`` kernel (false: plain eager torch calls)."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.enabled, bool), "record.enabled", self.enabled, "true or false")
+        _require(isinstance(self.compile, bool), "record.compile", self.compile, "true or false")
+        for kind in self.kinds:
+            _require(kind in SITE_KINDS, "record.kinds", kind, f"one of {', '.join(SITE_KINDS)}")
+        for name in ("sites", "snapshot_sites"):
+            patterns = getattr(self, name)
+            _require(all(isinstance(p, str) and p for p in patterns), f"record.{name}", patterns,
+                     "a list of non-empty glob patterns such as \"act:layers.*\"")
+        _positive("record.every", self.every)
+        for pair in self.ranges:
+            _require(len(pair) == 2 and 0 <= pair[0] < pair[1], "record.ranges", pair,
+                     "pairs [start, stop) with 0 <= start < stop")
+        _require(all(isinstance(s, int) and s >= 0 for s in self.snapshot_steps), "record.snapshot_steps",
+                 self.snapshot_steps, "whole numbers >= 0")
+
+    def recorded_steps(self, total_steps: int) -> list[int]:
+        """The steps (of ``total_steps``) at which sites are recorded."""
+        if not self.enabled:
+            return []
+        steps = set(range(0, total_steps, self.every))
+        if self.ranges:
+            steps = {s for s in steps if any(a <= s < b for a, b in self.ranges)}
+        return sorted(steps | {s for s in self.snapshot_steps if s < total_steps})
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run: model, layout, precision, determinism, schedule and data."""
 
@@ -167,6 +215,7 @@ class RunConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     precision: Precision = Precision.FP32
     """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
     deterministic: bool = True
@@ -204,6 +253,8 @@ class RunConfig:
         for name, size in (("num_attention_heads", m.num_attention_heads), ("vocab_size", m.vocab_size),
                            ("ffn_hidden_size", m.ffn_size)):
             _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
+        _require(all(s < self.steps for s in self.record.snapshot_steps), "record.snapshot_steps",
+                 self.record.snapshot_steps, f"steps below steps ({self.steps})")
 
     @property
     def num_microbatches(self) -> int:
@@ -247,12 +298,13 @@ class RunConfig:
         data.pop("name")
         data.pop("flush_every")
         data.pop("checkpoint_every")
+        data.pop("record")
         text = json.dumps(data, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "optim": OptimConfig,
-                              "data": DataConfig}
+                              "data": DataConfig, "record": RecordConfig}
 
 
 def _enum(kind: type[StrEnum], value: object, name: str) -> Any:
@@ -266,6 +318,8 @@ def _enum(kind: type[StrEnum], value: object, name: str) -> Any:
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
     if isinstance(value, StrEnum):
         return value.value
     return value
@@ -286,6 +340,10 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
             kwargs[name] = _build(section, value, prefix=f"{prefix}{name}.", source=source)
             continue
         expected = str(fields[name].type)
+        if expected.startswith("tuple"):
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{source}: {prefix}{name} = {value!r} is not allowed: a list")
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if expected in ("int", "int | None", "bool") and isinstance(value, float):

@@ -10,6 +10,10 @@ a tensor-parallel shard, so runs with different TP/PP/DP layouts line up name fo
 
 Wrappers (Megatron's DDP, ``Float16Module``) add ``module.`` prefixes and the decoder
 adds ``decoder.``; both are removed. Imports nothing from torch.
+
+A recorded *site* is a kind and a name, ``"kind:name"``: ``param:layers.0.mlp.linear_fc1.weight``,
+``act:layers.0.mlp``, ``grad:output_layer.weight``. ``SITE_KINDS`` lists the kinds in the order
+they happen within a step, which is the first key of a site's execution order.
 """
 
 from __future__ import annotations
@@ -18,8 +22,32 @@ import re
 from typing import Mapping
 
 _WRAPPER_PREFIX = "module."
-_LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_GLOBAL_LAYER = re.compile(r"^layers\.(\d+)\.")
+_LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=\.|$)")
+_GLOBAL_LAYER = re.compile(r"^layers\.(\d+)(?=\.|$)")
+
+
+SITE_KINDS: tuple[str, ...] = (
+    "param",       # parameter value at the start of the step (the one the forward uses)
+    "act",         # output of a module in the forward pass
+    "loss",        # per-token loss
+    "act_grad",    # gradient flowing into a module's output in the backward pass
+    "grad_local",  # gradient before the data-parallel reduction
+    "grad",        # gradient after the data-parallel reduction (what the optimizer reads)
+    "exp_avg",     # AdamW first moment after the step
+    "exp_avg_sq",  # AdamW second moment after the step
+    "update",      # parameter after the step minus parameter before it
+)
+DEFAULT_KINDS: tuple[str, ...] = tuple(k for k in SITE_KINDS if k != "grad_local")
+PARAMETER_KINDS = frozenset({"param", "grad_local", "grad", "exp_avg", "exp_avg_sq", "update"})
+
+
+def site_id(kind: str, name: str) -> str:
+    return f"{kind}:{name}"
+
+
+def split_site(site: str) -> tuple[str, str]:
+    kind, _, name = site.partition(":")
+    return kind, name
 
 
 def strip_wrappers(name: str) -> str:
@@ -39,7 +67,7 @@ def canonical_name(local_name: str, global_layer: Mapping[int, int]) -> str:
         local = int(match.group(1))
         if local not in global_layer:
             raise KeyError(f"local layer {local} of {local_name!r} has no global number")
-        return f"layers.{global_layer[local]}.{name[match.end():]}"
+        return f"layers.{global_layer[local]}{name[match.end():]}"
     if name.startswith("decoder."):
         return name[len("decoder."):]
     return name

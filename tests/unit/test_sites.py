@@ -15,6 +15,9 @@ def test_local_layers_get_global_numbers() -> None:
     name = canonical_name("module.decoder.layers.1.mlp.linear_fc1.weight", {0: 2, 1: 3})
     assert name == "layers.3.mlp.linear_fc1.weight"
     assert layer_of(name) == 3
+    # A layer module itself (no trailing attribute) is renumbered too.
+    assert canonical_name("decoder.layers.0", {0: 2}) == "layers.2"
+    assert layer_of("layers.2") == 2
     assert layer_of("output_layer.weight") is None
 
 

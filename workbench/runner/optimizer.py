@@ -96,6 +96,15 @@ class MasterWeightAdamW:
                 param.copy_(master)
         return True, norm
 
+    def moments(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(canonical name, exp_avg, exp_avg_sq) of every parameter that has AdamW state."""
+        found = []
+        for name, master in zip(self._names, self._masters):
+            state = self._inner.state.get(master)
+            if state and "exp_avg" in state:
+                found.append((name, state["exp_avg"], state["exp_avg_sq"]))
+        return found
+
     def state_dict(self) -> dict[str, Any]:
         inner = self._inner.state_dict()
         return {

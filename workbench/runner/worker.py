@@ -41,12 +41,13 @@ FAIL_AT_ENV = "WORKBENCH_FAIL_AT"
 class Trainer:
     """The state of one rank: model, optimizer, schedule, data; ``train_step`` runs one step."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from workbench.runner.model import build_model
         from workbench.runner.nondeterminism import emulate_atomics
+        from workbench.recorder import Recorder
         from workbench.runner.optimizer import build_optimizer, build_scheduler
 
         self.cfg, self.device = cfg, device
@@ -66,16 +67,24 @@ class Trainer:
         self.position_ids = torch.arange(s, device=device).unsqueeze(0).expand(cfg.micro_batch_size, s)
         # An explicit causal mask (True = masked): Megatron's default one is built on "cuda".
         self.attention_mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)[None, None]
+        self.recorder = Recorder(
+            [self.model.ddp], run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
+            precision=cfg.precision.value, global_batch_size=cfg.global_batch_size,
+            flush_every=cfg.flush_every) if cfg.record.enabled else None
 
-    def _microbatches(self, step: int) -> Iterator[torch.Tensor]:
+    def _microbatches(self, step: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(position of its first sample in the global batch, tokens [mbs, seq + 1]) per micro-batch."""
         cfg = self.cfg
         for indices in rank_microbatch_indices(step, global_batch_size=cfg.global_batch_size,
                                                micro_batch_size=cfg.micro_batch_size, dp=cfg.layout.dp,
                                                dp_rank=self.dp_rank):
-            yield torch.from_numpy(self.corpus.samples(indices)).to(self.device)  # [mbs, seq + 1]
+            yield int(indices[0]) - step * cfg.global_batch_size, \
+                torch.from_numpy(self.corpus.samples(indices)).to(self.device)
 
-    def _forward_step(self, data_iterator: Iterator[torch.Tensor], model: torch.nn.Module):  # type: ignore[no-untyped-def]
-        tokens = next(data_iterator)
+    def _forward_step(self, data_iterator: Iterator[tuple[int, torch.Tensor]], model: torch.nn.Module):  # type: ignore[no-untyped-def]
+        first_sample, tokens = next(data_iterator)
+        if self.recorder is not None:
+            self.recorder.microbatch(first_sample)
         inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         output = model(inputs, self.position_ids, self.attention_mask, labels=labels)  # [mbs, seq] losses
         return output, partial(_mean_loss, labels.numel())
@@ -84,6 +93,8 @@ class Trainer:
         cfg = self.cfg
         start = time.perf_counter()
         self.model.ddp.zero_grad_buffer()
+        if self.recorder is not None:
+            self.recorder.step_begin(step)
         self.scheduler.step(1)
         lr = float(self.optimizer.param_groups[0]["lr"])
         loss_scale = self.optimizer.loss_scale()
@@ -92,12 +103,14 @@ class Trainer:
             model=[self.model.ddp], num_microbatches=cfg.num_microbatches, seq_length=cfg.model.seq_length,
             micro_batch_size=cfg.micro_batch_size, forward_only=False)
         updated, grad_norm = self.optimizer.step()
+        recorder_time = self.recorder.step_end(step) if self.recorder is not None else 0.0
         loss = self._global_loss(losses)
         if self.on_gpu:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_scale": loss_scale, "step_time": elapsed,
-                "tokens_per_s": cfg.tokens_per_step / elapsed, "skipped": 0.0 if updated else 1.0}
+                "tokens_per_s": cfg.tokens_per_step / max(elapsed - recorder_time, 1e-9),
+                "recorder_time": recorder_time, "skipped": 0.0 if updated else 1.0}
 
     def _global_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
         """Mean loss over the global batch, known on every rank (one all-reduce of one number)."""
@@ -179,7 +192,7 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.layout.tp,
                                  pipeline_model_parallel_size=cfg.layout.pp)
     model_parallel_cuda_manual_seed(cfg.seed)
-    trainer = Trainer(cfg, device)
+    trainer = Trainer(cfg, device, run_dir)
 
     start = 0
     if resume:
@@ -210,6 +223,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
             print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f} "
                   f"grad_norm={row['grad_norm']:.3f} lr={row['lr']:.2e} step_time={row['step_time']:.3f}s",
                   flush=True)
+    if trainer.recorder is not None:
+        trainer.recorder.close()
     if writer:
         writer.close()
     dist.barrier()

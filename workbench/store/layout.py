@@ -9,14 +9,25 @@ A run lives in a folder:
           loss, grad_norm, lr, loss_scale, step_time, tokens_per_s   float64 [step]
           skipped               int8 [step]     1 where fp16 overflow skipped the update
           done                  int8 [step]     1 once the step's row is written (written last)
+        sites/                  group, dimensions ``step`` (recorded steps), ``site``, ``stat``
+          step                  int64 [step]    the recorded step numbers
+          site                  str [site]      "kind:name", in execution order
+          stat                  str [stat]      statistic names (workbench.statistics.STAT_NAMES)
+          kind, name, shape, dtype   str [site];  layer, order int32 [site];  numel int64 [site]
+          stats                 float64 [step, site, stat]
+          fingerprint           uint64 [step, site]
+          done                  int8 [step]
+        snapshots/step_<K>/<kind>/<name>   full, unsharded tensors (float32 for 16-bit types)
       logs/rank<R>.log          one log per rank
       checkpoints/step_<K>/     state before step K (after K updates)
 
 Arrays are preallocated to the planned number of steps (NaN / 0), so a reader sees the
 same shapes while the run writes and after it was killed; ``done`` says which rows are
-real. Zarr's local store writes each chunk to a temporary file and renames it, so a
+real. The ``sites`` group is created at the end of the first recorded step, once every
+rank's sites are known. Zarr's local store writes each chunk to a temporary file and renames it, so a
 chunk is either the old one or the new one, never half-written. Only global rank 0
-writes ``scalars``.
+writes ``scalars`` and ``sites`` (statistics are reduced over ranks first); each rank
+writes its own regions of a snapshot, whose chunks are exactly those regions.
 """
 
 from __future__ import annotations
@@ -42,10 +53,27 @@ SCALAR_FIELDS: dict[str, str] = {
     "loss_scale": "float64",
     "step_time": "float64",
     "tokens_per_s": "float64",
+    "recorder_time": "float64",  # seconds the recorder spent on the step, not in step_time
     "skipped": "int8",
 }
 """Per-step scalars and their dtypes; seconds for ``step_time``."""
 DONE_FIELD = "done"
+
+SITES_GROUP = "sites"
+SITE_DIM = "site"
+STAT_DIM = "stat"
+SITE_STEP_CHUNK = 64
+SITE_META_FIELDS: dict[str, str] = {
+    "kind": "str", "name": "str", "layer": "int32", "order": "int32", "shape": "str", "dtype": "str", "numel": "int64",
+}
+STATS_ARRAY = "stats"
+FINGERPRINT_ARRAY = "fingerprint"
+SNAPSHOTS_GROUP = "snapshots"
+
+
+def snapshot_path(step: int, kind: str, name: str) -> str:
+    """Path of one snapshot array inside the run group."""
+    return f"{SNAPSHOTS_GROUP}/step_{step:06d}/{kind}/{name}"
 
 
 class Status:

@@ -1,18 +1,25 @@
-"""Writing a run store: create it with its manifest, append per-step rows, set the status.
+"""Writing a run store: create it with its manifest, append per-step rows, set the status,
+create and fill the per-site arrays and snapshots.
 
 Imports zarr and numpy only. Rows are buffered and written every ``flush_every`` steps;
-the ``done`` flags are written after the data they vouch for.
+the ``done`` flags are written after the data they vouch for. ``BackgroundWriter`` runs
+writes off the training thread.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import zarr
 
+from workbench.statistics import STAT_NAMES
 from workbench.store import layout
 
 
@@ -53,7 +60,10 @@ def set_status(run_dir: Path, status: str, **fields: Any) -> None:
 
 
 class ScalarWriter:
-    """Buffers per-step scalars and writes them in contiguous slices (global rank 0 only)."""
+    """Buffers per-step scalars and writes them in contiguous slices on a background thread.
+
+    Global rank 0 only.
+    """
 
     def __init__(self, run_dir: Path, flush_every: int) -> None:
         root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
@@ -61,6 +71,7 @@ class ScalarWriter:
         self._arrays = {name: self._group[name] for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)}
         self._flush_every = flush_every
         self._rows: dict[int, Mapping[str, float]] = {}
+        self._background = BackgroundWriter()
 
     def append(self, step: int, row: Mapping[str, float]) -> None:
         missing = set(layout.SCALAR_FIELDS) - set(row)
@@ -70,22 +81,28 @@ class ScalarWriter:
         if len(self._rows) >= self._flush_every:
             self.flush()
 
-    def flush(self) -> None:
-        if not self._rows:
-            return
-        steps = sorted(self._rows)
-        for start, stop in _contiguous(steps):
-            rows = [self._rows[s] for s in range(start, stop)]
+    def flush(self, wait: bool = False) -> None:
+        """Hand the buffered rows to the writer thread; with ``wait``, until they are on disk."""
+        if self._rows:
+            rows, self._rows = self._rows, {}
+            self._background.submit(lambda: self._write(rows))
+        if wait:
+            self._background.close()
+            self._background = BackgroundWriter()
+
+    def _write(self, rows: dict[int, Mapping[str, float]]) -> None:
+        for start, stop in contiguous_ranges(sorted(rows)):
+            block = [rows[s] for s in range(start, stop)]
             for name in layout.SCALAR_FIELDS:
-                self._arrays[name][start:stop] = np.array([r[name] for r in rows])
+                self._arrays[name][start:stop] = np.array([r[name] for r in block])
             self._arrays[layout.DONE_FIELD][start:stop] = 1
-        self._rows.clear()
 
     def close(self) -> None:
         self.flush()
+        self._background.close()
 
 
-def _contiguous(steps: list[int]) -> list[tuple[int, int]]:
+def contiguous_ranges(steps: list[int]) -> list[tuple[int, int]]:
     """Half-open ranges covering sorted ``steps``: [1, 2, 3, 7] -> [(1, 4), (7, 8)]."""
     ranges: list[tuple[int, int]] = []
     for step in steps:
@@ -94,3 +111,104 @@ def _contiguous(steps: list[int]) -> list[tuple[int, int]]:
         else:
             ranges.append((step, step + 1))
     return ranges
+
+
+class BackgroundWriter:
+    """Runs store writes on one background thread, in order, with a bounded queue.
+
+    ``submit`` blocks only when ``max_pending`` writes are already waiting (bounded memory).
+    A write that fails is re-raised by the next ``submit`` or by ``close``: no error is lost.
+    """
+
+    def __init__(self, max_pending: int = 4) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if self._error is None:
+                try:
+                    job()
+                except BaseException as err:  # handed to the training thread
+                    self._error = err
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing the run store failed: {error}") from error
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._raise_pending()
+        self._queue.put(job)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._raise_pending()
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """One recorded site: its id and metadata, as stored along the ``site`` dimension."""
+
+    site: str
+    kind: str
+    name: str
+    layer: int
+    order: int
+    shape: str
+    dtype: str
+    numel: int
+
+
+def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -> None:
+    """Create the ``sites`` group for the recorded ``steps`` and ``sites`` (in execution order)."""
+    root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
+    group = root.create_group(layout.SITES_GROUP, overwrite=True)
+    n_steps, n_sites, n_stats = len(steps), len(sites), len(STAT_NAMES)
+    step_chunk = max(1, min(layout.SITE_STEP_CHUNK, n_steps))
+
+    def coordinate(name: str, values: np.ndarray, dtype: str, dim: str) -> None:
+        array = group.create_array(name, shape=values.shape, dtype=dtype, dimension_names=[dim],
+                                   chunks=values.shape or (1,))
+        array[:] = values
+
+    coordinate(layout.STEP_DIM, np.asarray(steps, dtype=np.int64), "int64", layout.STEP_DIM)
+    coordinate(layout.SITE_DIM, np.array([s.site for s in sites], dtype=object), "str", layout.SITE_DIM)
+    coordinate(layout.STAT_DIM, np.array(STAT_NAMES, dtype=object), "str", layout.STAT_DIM)
+    for field, dtype in layout.SITE_META_FIELDS.items():
+        values = np.array([getattr(s, field) for s in sites], dtype=object if dtype == "str" else dtype)
+        coordinate(field, values, dtype, layout.SITE_DIM)
+    group.create_array(layout.STATS_ARRAY, shape=(n_steps, n_sites, n_stats), dtype="float64", fill_value=np.nan,
+                       chunks=(step_chunk, n_sites, n_stats),
+                       dimension_names=[layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM])
+    group.create_array(layout.FINGERPRINT_ARRAY, shape=(n_steps, n_sites), dtype="uint64", fill_value=0,
+                       chunks=(step_chunk, n_sites), dimension_names=[layout.STEP_DIM, layout.SITE_DIM])
+    group.create_array(layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(step_chunk,),
+                       dimension_names=[layout.STEP_DIM])
+
+
+def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
+    """Write recorded-step rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64)."""
+    group = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")[layout.SITES_GROUP]
+    rows = slice(first_row, first_row + stats.shape[0])
+    group[layout.STATS_ARRAY][rows] = stats
+    group[layout.FINGERPRINT_ARRAY][rows] = fingerprints
+    group[layout.DONE_FIELD][rows] = 1
+
+
+def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str,
+                    source_dtype: str) -> None:
+    root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
+    array = root.create_array(path, shape=shape, chunks=chunks, dtype=dtype, fill_value=np.nan, overwrite=True)
+    array.attrs["source_dtype"] = source_dtype
+
+
+def write_snapshot_region(run_dir: Path, path: str, region: tuple[slice, ...], values: np.ndarray) -> None:
+    array = zarr.open_array(layout.RunPaths(run_dir).store / path, mode="r+")
+    array[region] = values

@@ -1,0 +1,115 @@
+"""Statistics and fingerprint of one tensor (or shard) in one pass on its own device.
+
+``partial_stats`` returns the additive part, the maximum part and the fingerprint of a
+tensor piece whose elements sit at known positions of a full tensor; partial results of
+disjoint pieces merge by addition and maximum (see ``workbench.statistics``, which also
+holds the numpy reference these kernels are tested against).
+
+Two paths compute the same thing: ``eager`` (plain torch calls, many passes) and
+``compiled`` (``torch.compile``: one fused pass that reads the tensor once). The
+fingerprint is integer arithmetic and therefore bitwise the same on every path and
+device; the float sums agree to rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from workbench.statistics import FP_LANES, to_signed32
+
+_LANES = [(to_signed32(index_mult), to_signed32(mix_mult), shift, (1 << (32 - shift)) - 1)
+          for index_mult, mix_mult, shift in FP_LANES]
+
+PartialFn = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def element_words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int32 words lanes A and B read from each element of ``x`` (same shape as ``x``)."""
+    if x.element_size() == 2:
+        bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
+        return bits, bits
+    if x.element_size() == 4:
+        bits = x.view(torch.int32)
+        return bits, bits
+    words = x.view(torch.int32).view(*x.shape, 2)
+    return words[..., 0], words[..., 1]
+
+
+def full_index(x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """Row-major index in the full tensor, modulo 2^32 (int32), of every element of ``x``.
+
+    ``coords`` is int32 [x.ndim, 2]: per local dimension, its offset and its stride in the
+    full tensor (so a shard, a permuted view or a slice of samples all map to the full
+    tensor). int32 arithmetic wraps, which is exactly the mod 2^32 the lanes use.
+    """
+    index = torch.zeros((), dtype=torch.int32, device=x.device)
+    for dim in range(x.ndim):
+        shape = [1] * x.ndim
+        shape[dim] = x.shape[dim]
+        positions = torch.arange(x.shape[dim], dtype=torch.int32, device=x.device) + coords[dim, 0]
+        index = index + (positions * coords[dim, 1]).view(shape)
+    return index
+
+
+def _partial(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float):  # type: ignore[no-untyped-def]
+    index = full_index(x, coords)
+    lanes = []
+    for bits, (index_mult, mix_mult, shift, low_mask) in zip(element_words(x), _LANES):
+        v = (bits ^ (index * index_mult)) * mix_mult
+        # Logical shift right of an int32: arithmetic shift, then drop the sign copies.
+        lanes.append((v ^ ((v >> shift) & low_mask)).sum(dtype=torch.int64))
+    xf = x.to(torch.float32) if x.element_size() < 4 else x
+    finite = torch.isfinite(xf)
+    f = torch.where(finite, xf, 0.0)
+    magnitude = f.abs()
+    f64 = f.to(torch.float64)
+    sums = torch.stack([
+        torch.ones_like(f64).sum(), f64.sum(), (f64 * f64).sum(), torch.isnan(xf).sum().to(torch.float64),
+        torch.isinf(xf).sum().to(torch.float64), (xf == 0).sum().to(torch.float64),
+        ((magnitude > 0) & (magnitude < tiny)).sum().to(torch.float64),
+        (magnitude > largest).sum().to(torch.float64),
+    ])
+    neg_inf = float("-inf")
+    maxes = torch.stack([torch.where(finite, xf, neg_inf).amax(), torch.where(finite, -xf, neg_inf).amax(),
+                         torch.where(finite, magnitude, neg_inf).amax()]).to(torch.float64)
+    return sums, maxes, torch.stack(lanes)
+
+
+def eager() -> PartialFn:
+    return _partial
+
+
+@functools.cache
+def compiled() -> PartialFn:
+    return torch.compile(_partial, dynamic=True, fullgraph=True)  # type: ignore[return-value]
+
+
+def partial_stats(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, *,
+                  fn: PartialFn | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sums [8] float64, maxes [3] float64, lane sums [2] int64) of ``x``, on x's device."""
+    x = x.detach().contiguous()
+    if x.numel() == 0:
+        zeros = torch.zeros(8, dtype=torch.float64, device=x.device)
+        return zeros, torch.full((3,), float("-inf"), dtype=torch.float64, device=x.device), \
+            torch.zeros(2, dtype=torch.int64, device=x.device)
+    return (fn or _partial)(x, coords, tiny, largest)
+
+
+def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:
+    """coords of a whole, unsharded tensor of ``shape`` (offsets 0, row-major strides)."""
+    strides = []
+    stride = 1
+    for size in reversed(shape):
+        strides.append(stride)
+        stride *= size
+    strides.reverse()
+    return coords_tensor([[0, s] for s in strides], device)
+
+
+def coords_tensor(rows: list[list[int]], device: torch.device | None = None) -> torch.Tensor:
+    """int32 [ndim, 2] (offset, stride) rows, each value taken modulo 2^32."""
+    return torch.tensor([[to_signed32(v) for v in row] for row in rows], dtype=torch.int32,
+                        device=device).view(len(rows), 2)

@@ -1,0 +1,456 @@
+"""The recorder: per-site statistics and fingerprints from any Megatron Core model, into the run store.
+
+Attach it to model chunks (DDP-wrapped or not) and an optimizer; call ``step_begin`` and
+``step_end`` around each step (and ``microbatch`` in the forward step, so activations
+are keyed by their global sample index); ``close`` removes every hook.
+
+    recorder = Recorder([ddp_model], optimizer=optimizer, run_dir=run_dir, total_steps=steps)
+    for step in range(steps):
+        recorder.step_begin(step)
+        losses = forward_backward(...)        # forward_step calls recorder.microbatch(first_sample)
+        optimizer.step()
+        recorder.step_end(step)
+    recorder.close()
+
+It never blocks training on I/O: statistics stay on the device, accumulate over
+micro-batches, are reduced over ranks once per flush (one all-reduce of a few numbers
+per site; never a gather of tensors), copied to the host once, and written by a
+background thread on global rank 0. Snapshots are written by the rank that holds each
+piece, into its own chunk.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workbench.config import RecordConfig
+from workbench.recorder import kernels
+from workbench.recorder.placement import Placement, activation_placement, token_placement
+from workbench.recorder.targets import (ParallelRanks, activation_modules, adam_moments, first_tensor,
+                                        is_feature_sharded, parameter_targets, unwrap)
+from workbench.sites import SITE_KINDS, layer_of, site_id
+from workbench.statistics import PRECISION_LIMITS, assemble
+from workbench.store import layout
+from workbench.store.writer import (BackgroundWriter, SiteInfo, contiguous_ranges, create_sites_group,
+                                    create_snapshot, write_site_rows, write_snapshot_region)
+
+SiteFilter = str | Sequence[str] | Callable[[str], bool]
+_BACKWARD_KINDS = {"act_grad"}
+
+
+def site_matcher(sites: SiteFilter) -> Callable[[str], bool]:
+    """A predicate over site ids from a glob, a list of globs, or a predicate."""
+    if callable(sites):
+        return sites
+    patterns = [sites] if isinstance(sites, str) else list(sites)
+    return lambda site: any(fnmatch.fnmatchcase(site, p) for p in patterns)
+
+
+def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Adds the wall time of a recorder method to the recorder's time for the step."""
+    def wrapper(self: Recorder, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self._seconds += time.perf_counter() - start
+    return wrapper
+
+
+@dataclass
+class _Accumulator:
+    sums: torch.Tensor     # [8] float64
+    maxes: torch.Tensor    # [3] float64
+    lanes: torch.Tensor    # [2] int64
+
+
+@dataclass
+class _LocalSite:
+    kind: str
+    name: str
+    order: tuple[int, int, int]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class _PendingStep:
+    row: int
+    sites: list[str]
+    sums: torch.Tensor     # [n_local, 8]
+    maxes: torch.Tensor    # [n_local, 3]
+    lanes: torch.Tensor    # [n_local, 2]
+
+
+@dataclass
+class _Snapshot:
+    path: str
+    placement: Placement
+    values: np.ndarray     # in full-dimension order
+    source_dtype: str
+
+
+@dataclass
+class _StepState:
+    acc: dict[str, _Accumulator] = field(default_factory=dict)
+    before: dict[str, torch.Tensor] = field(default_factory=dict)
+    snapshots: list[_Snapshot] = field(default_factory=list)
+
+
+class Recorder:
+    def __init__(self, chunks: Sequence[torch.nn.Module], *, run_dir: str | Path, total_steps: int,
+                 optimizer: Any = None, record: RecordConfig | None = None, precision: str = "fp32",
+                 global_batch_size: int | None = None, flush_every: int = 10,
+                 sites: SiteFilter | None = None) -> None:
+        self.record = record or RecordConfig()
+        self._chunks = list(chunks)
+        self._optimizer = optimizer
+        self._run_dir = Path(run_dir)
+        self._ranks = ParallelRanks.current()
+        self._rank = dist.get_rank() if dist.is_initialized() else 0
+        self._global_batch = global_batch_size or 0
+        self._flush_every = flush_every
+        self._wanted = site_matcher(sites if sites is not None else self.record.sites)
+        self._snapshot_wanted = site_matcher(self.record.snapshot_sites)
+        self._kinds = set(self.record.kinds)
+        self._fn = kernels.compiled() if self.record.compile else kernels.eager()
+        self._tiny, self._largest = PRECISION_LIMITS[precision]
+        self._rows = {step: row for row, step in enumerate(self.record.recorded_steps(total_steps))}
+        self._params = parameter_targets(self._chunks, self._ranks)
+        self._device = self._params[0].param.device if self._params else torch.device("cpu")
+        self._local: dict[str, _LocalSite] = {}
+        self._seen = 0
+        self._registry: list[str] | None = None
+        self._index: dict[str, int] = {}
+        self._pending: list[_PendingStep] = []
+        self._state: _StepState | None = None
+        self._step = -1
+        self._offset = 0
+        self._explicit_offset: int | None = None
+        self._samples_seen = 0
+        self._seconds = 0.0
+        self._writer: BackgroundWriter | None = None
+        self._handles: list[Any] = []
+        self._restore: list[tuple[Any, Any]] = []
+        self._attach()
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        for chunk in self._chunks:
+            self._handles.append(unwrap(chunk).register_forward_pre_hook(self._on_microbatch_start))
+            config = getattr(chunk, "config", None)
+            original = getattr(config, "finalize_model_grads_func", None)
+            if original is not None and not getattr(original, "_workbench_recorder", False):
+                self._restore.append((config, original))
+                config.finalize_model_grads_func = self._wrap_finalize(original)
+            model = unwrap(chunk)
+            if "loss" in self._kinds:
+                self._handles.append(model.register_forward_hook(self._on_model_output))
+        if self._kinds & {"act", "act_grad"}:
+            for name, module in activation_modules(self._chunks):
+                sharded = is_feature_sharded(module)
+                self._handles.append(module.register_forward_hook(
+                    lambda m, args, out, name=name, sharded=sharded: self._on_activation(name, out, sharded)))
+
+    def _wrap_finalize(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def finalize(*args: Any, **kwargs: Any) -> Any:
+            if self._state is not None and "grad_local" in self._kinds:
+                self._record_gradients("grad_local")
+            result = original(*args, **kwargs)
+            if self._state is not None and "grad" in self._kinds:
+                self._record_gradients("grad")
+            return result
+
+        finalize._workbench_recorder = True  # type: ignore[attr-defined]
+        return finalize
+
+    def microbatch(self, sample_offset: int) -> None:
+        """Declare the global index of the first sample of the micro-batch about to run."""
+        self._explicit_offset = sample_offset
+
+    def _on_microbatch_start(self, module: torch.nn.Module, args: Any) -> None:
+        batch = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.ndim >= 2), 0)
+        if self._explicit_offset is not None:
+            self._offset, self._explicit_offset = self._explicit_offset, None
+        else:  # nothing declared: DP ranks hold consecutive, equal shares of the global batch
+            share = self._global_batch // self._ranks.dp_size
+            self._offset = self._ranks.dp_rank * share + self._samples_seen
+        self._samples_seen += batch
+
+    @_timed
+    def _on_activation(self, name: str, output: Any, sharded: bool) -> None:
+        tensor = first_tensor(output)
+        if self._state is None or tensor is None or tensor.ndim < 2:
+            return
+        global_batch = self._global_batch or tensor.shape[1]
+        placement = activation_placement(tuple(tensor.shape), sample_offset=self._offset, global_batch=global_batch,
+                                         feature_shard=(self._ranks.tp_rank, self._ranks.tp_size) if sharded else None,
+                                         tp_rank=self._ranks.tp_rank)
+        if "act" in self._kinds:
+            self._record("act", name, tensor, placement)
+        if "act_grad" in self._kinds and tensor.requires_grad:
+            tensor.register_hook(lambda grad, name=name, placement=placement: self._on_gradient(name, grad, placement))
+
+    @_timed
+    def _on_gradient(self, name: str, grad: torch.Tensor, placement: Placement) -> None:
+        if self._state is not None:
+            # Each DP rank differentiates the mean loss of its own share of the batch: scaled
+            # by 1/dp this is the gradient of the global-batch loss, the same for every layout
+            # (exactly so for power-of-two DP sizes).
+            if self._ranks.dp_size > 1:
+                grad = grad / self._ranks.dp_size
+            self._record("act_grad", name, grad, placement)
+
+    @_timed
+    def _on_model_output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        tensor = first_tensor(output)
+        if self._state is None or tensor is None or tensor.ndim != 2 or not tensor.is_floating_point():
+            return
+        placement = token_placement(tuple(tensor.shape), sample_offset=self._offset,
+                                    global_batch=self._global_batch or tensor.shape[0], tp_rank=self._ranks.tp_rank)
+        self._record("loss", "cross_entropy", tensor, placement)
+
+    def _record_gradients(self, kind: str) -> None:
+        start = time.perf_counter()
+        for target in self._params:
+            grad = getattr(target.param, "main_grad", None)
+            grad = target.param.grad if grad is None else grad
+            if grad is not None:  # grad_local: each DP rank holds its own partial sum; DP rank 0's counts
+                self._record(kind, target.name, grad, target.placement)
+        self._seconds += time.perf_counter() - start
+
+    # -- recording ----------------------------------------------------------------------
+
+    def _register(self, kind: str, name: str, placement: Placement, dtype: torch.dtype) -> str | None:
+        """The site id if it is wanted (registering it on first sight), else None.
+
+        Every rank registers every site it sees, counted or not, so that replicas number
+        their sites alike and the execution order is the same on every rank.
+        """
+        site = site_id(kind, name)
+        if not self._wanted(site):
+            return None
+        if site not in self._local:
+            if self._registry is not None:
+                raise RuntimeError(f"site {site} first appeared after the first recorded step; "
+                                   "every recorded step must see the same sites")
+            stage = -self._ranks.pp_rank if kind in _BACKWARD_KINDS else self._ranks.pp_rank
+            self._local[site] = _LocalSite(kind, name, (SITE_KINDS.index(kind), stage, self._seen),
+                                           placement.full_shape, str(dtype).removeprefix("torch."))
+            self._seen += 1
+        return site
+
+    def _record(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
+        site = self._register(kind, name, placement, tensor.dtype)
+        if site is None or not placement.contributes:
+            return
+        assert self._state is not None
+        sums, maxes, lanes = kernels.partial_stats(tensor, placement.coords(tensor.device), self._tiny,
+                                                   self._largest, fn=self._fn)
+        acc = self._state.acc.get(site)
+        if acc is None:
+            self._state.acc[site] = _Accumulator(sums, maxes, lanes)
+        else:  # another micro-batch of the same site
+            acc.sums = acc.sums + sums
+            acc.maxes = torch.maximum(acc.maxes, maxes)
+            acc.lanes = acc.lanes + lanes
+        if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
+            values = placement.to_full_order(tensor.detach()).to("cpu", torch.float64 if tensor.dtype ==
+                                                                 torch.float64 else torch.float32)
+            self._state.snapshots.append(_Snapshot(layout.snapshot_path(self._step, kind, name), placement,
+                                                   values.numpy(), str(tensor.dtype).removeprefix("torch.")))
+
+    @_timed
+    def step_begin(self, step: int) -> None:
+        """Start step ``step``: records parameters as the forward will see them."""
+        self._step = step
+        self._samples_seen = 0
+        self._state = _StepState() if step in self._rows else None
+        if self._state is None:
+            return
+        for target in self._params:
+            if "param" in self._kinds:
+                self._record("param", target.name, target.param, target.placement)
+            if "update" in self._kinds and target.placement.contributes and self._wanted(site_id("update",
+                                                                                                   target.name)):
+                self._state.before[target.name] = target.param.detach().clone()
+
+    def step_end(self, step: int) -> float:
+        """Finish step ``step`` (after the optimizer step); return the recorder's seconds for it."""
+        start = time.perf_counter()
+        state = self._state
+        if state is not None:
+            self._record_optimizer(state)
+            self._state = None
+            self._finish(step, state)
+        seconds = self._seconds + time.perf_counter() - start
+        self._seconds = 0.0
+        return seconds
+
+    def _record_optimizer(self, state: _StepState) -> None:
+        if self._optimizer is not None and self._kinds & {"exp_avg", "exp_avg_sq"}:
+            for target, exp_avg, exp_avg_sq in adam_moments(self._optimizer, self._params):
+                if "exp_avg" in self._kinds:
+                    self._record("exp_avg", target.name, exp_avg, target.placement)
+                if "exp_avg_sq" in self._kinds:
+                    self._record("exp_avg_sq", target.name, exp_avg_sq, target.placement)
+        if "update" in self._kinds:
+            for target in self._params:
+                before = state.before.get(target.name)
+                if before is None:
+                    self._register("update", target.name, target.placement, torch.float32)
+                else:
+                    update = target.param.detach().float() - before.float()
+                    self._record("update", target.name, update, target.placement)
+
+    def _finish(self, step: int, state: _StepState) -> None:
+        if self._registry is None:
+            self._build_registry()
+        sites = list(state.acc)
+        if sites:
+            sums = torch.stack([state.acc[s].sums for s in sites])
+            maxes = torch.stack([state.acc[s].maxes for s in sites])
+            lanes = torch.stack([state.acc[s].lanes for s in sites])
+        else:
+            sums = torch.zeros(0, 8, dtype=torch.float64, device=self._device)
+            maxes = torch.zeros(0, 3, dtype=torch.float64, device=self._device)
+            lanes = torch.zeros(0, 2, dtype=torch.int64, device=self._device)
+        self._pending.append(_PendingStep(self._rows[step], sites, sums, maxes, lanes))
+        if step in self.record.snapshot_steps:
+            self._write_snapshots(state.snapshots)
+        last_row = len(self._rows) - 1
+        if len(self._pending) >= self._flush_every or self._rows[step] == last_row:
+            self.flush()
+
+    # -- registry, flush, snapshots (collective: every rank calls them at the same steps) --
+
+    def _build_registry(self) -> None:
+        entries = [(site, s.kind, s.name, s.order, s.shape, s.dtype) for site, s in self._local.items()]
+        gathered = _all_gather_objects(entries)
+        best: dict[str, tuple[Any, ...]] = {}
+        for entry in (e for rank_entries in gathered for e in rank_entries):
+            if entry[0] not in best or entry[3] < best[entry[0]][3]:
+                best[entry[0]] = entry
+        ordered = sorted(best.values(), key=lambda e: (e[3], e[0]))
+        self._registry = [e[0] for e in ordered]
+        self._index = {site: i for i, site in enumerate(self._registry)}
+        if self._rank == 0:
+            infos = [SiteInfo(site=e[0], kind=e[1], name=e[2], layer=-1 if layer_of(e[2]) is None else
+                              int(layer_of(e[2])), order=i, shape="x".join(map(str, e[4])), dtype=e[5],
+                              numel=int(np.prod(e[4], dtype=np.int64))) for i, e in enumerate(ordered)]
+            steps = sorted(self._rows)
+            if not _sites_group_matches(self._run_dir, steps, self._registry):
+                create_sites_group(self._run_dir, steps, infos)
+
+    def flush(self) -> None:
+        """Reduce the pending steps over all ranks and hand them to the writer (global rank 0)."""
+        if not self._pending or self._registry is None:
+            return
+        start = time.perf_counter()
+        n, k = len(self._registry), len(self._pending)
+        sums = torch.zeros(k, n, 8, dtype=torch.float64, device=self._device)
+        maxes = torch.full((k, n, 3), float("-inf"), dtype=torch.float64, device=self._device)
+        lanes = torch.zeros(k, n, 2, dtype=torch.int64, device=self._device)
+        for i, pending in enumerate(self._pending):
+            if pending.sites:
+                index = torch.tensor([self._index[s] for s in pending.sites], device=self._device)
+                sums[i, index] = pending.sums.to(self._device)
+                maxes[i, index] = pending.maxes.to(self._device)
+                lanes[i, index] = pending.lanes.to(self._device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums)
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+            dist.all_reduce(lanes)
+        rows = [p.row for p in self._pending]
+        self._pending = []
+        if self._rank == 0:
+            stats = assemble(sums.cpu().numpy(), maxes.cpu().numpy())       # one host copy per flush
+            lane_values = lanes.cpu().numpy().astype(np.uint64) & np.uint64(0xFFFFFFFF)
+            fingerprints = (lane_values[..., 1] << np.uint64(32)) | lane_values[..., 0]
+            position = 0
+            for first, stop in contiguous_ranges(rows):
+                block = slice(position, position + stop - first)
+                position += stop - first
+                self._background().submit(lambda first=first, b=block: write_site_rows(
+                    self._run_dir, first, stats[b], fingerprints[b]))
+        self._seconds += time.perf_counter() - start
+
+    def _write_snapshots(self, snapshots: list[_Snapshot]) -> None:
+        meta = [(s.path, s.placement.full_shape, s.placement.chunk_shape(s.values.shape), s.source_dtype,
+                 str(s.values.dtype)) for s in snapshots]
+        gathered = _all_gather_objects(meta)
+        if self._rank == 0:
+            created = set()
+            for path, shape, chunks, source_dtype, dtype in (m for rank_meta in gathered for m in rank_meta):
+                if path not in created:
+                    create_snapshot(self._run_dir, path, shape, chunks, dtype, source_dtype)
+                    created.add(path)
+        if dist.is_initialized():
+            dist.barrier()
+        for snap in snapshots:
+            self._background().submit(lambda s=snap: write_snapshot_region(self._run_dir, s.path, _full_region(s),
+                                                                           s.values))
+
+    def _background(self) -> BackgroundWriter:
+        if self._writer is None:
+            self._writer = BackgroundWriter()
+        return self._writer
+
+    def close(self) -> None:
+        """Flush what is pending, wait for the writer, and remove every hook."""
+        try:
+            self.flush()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            for config, original in self._restore:
+                config.finalize_model_grads_func = original
+            self._restore = []
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _full_region(snap: _Snapshot) -> tuple[slice, ...]:
+    """The region of the full tensor covered by a snapshot piece (values already in full order)."""
+    p = snap.placement
+    offsets = [0] * len(p.full_shape)
+    for k, full_dim in enumerate(p.dims):
+        offsets[full_dim] = p.offsets[k]
+    return tuple(slice(o, o + size) for o, size in zip(offsets, snap.values.shape))
+
+
+def _all_gather_objects(obj: Any) -> list[Any]:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _sites_group_matches(run_dir: Path, steps: list[int], registry: list[str]) -> bool:
+    """True if the store already has a ``sites`` group for exactly these steps and sites (a resume)."""
+    import zarr
+
+    try:
+        group = zarr.open_group(layout.RunPaths(run_dir).store, mode="r")[layout.SITES_GROUP]
+        return (list(group[layout.STEP_DIM][:]) == steps and list(group[layout.SITE_DIM][:]) == registry)
+    except KeyError:
+        return False

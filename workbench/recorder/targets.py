@@ -1,0 +1,127 @@
+"""What the recorder looks at in a Megatron Core model: parameters, modules, optimizer moments.
+
+Everything here maps a rank's local objects to canonical, layout-independent names
+(``workbench.sites``) and to their ``Placement`` in the full tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.recorder.placement import Placement, parameter_placement
+from workbench.sites import canonical_name
+
+ACTIVATION_MODULES = re.compile(
+    r"^(embedding|layers\.\d+|layers\.\d+\.(self_attention|mlp|input_layernorm|pre_mlp_layernorm)"
+    r"|final_layernorm|output_layer)$")
+"""Modules whose outputs (and output gradients) are recorded: the embedding, every transformer
+layer with its attention block, MLP and norms, the final norm and the output layer."""
+
+
+@dataclass(frozen=True)
+class ParallelRanks:
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    @classmethod
+    def current(cls) -> ParallelRanks:
+        from megatron.core import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized():
+            return cls()
+        return cls(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+                    pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
+                    dp_size=ps.get_data_parallel_world_size())
+
+
+def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The model inside Megatron's DDP / ``Float16Module`` wrappers."""
+    while hasattr(chunk, "module") and isinstance(chunk.module, torch.nn.Module):
+        chunk = chunk.module
+    return chunk
+
+
+def global_layers(model: torch.nn.Module) -> dict[int, int]:
+    """Local layer index -> global (0-based) layer number, from Megatron's ``layer_number``."""
+    decoder = getattr(model, "decoder", None)
+    layers = getattr(decoder, "layers", [])
+    return {i: int(layer.layer_number) - 1 for i, layer in enumerate(layers)}
+
+
+@dataclass(frozen=True)
+class ParameterTarget:
+    name: str
+    param: torch.nn.Parameter
+    placement: Placement
+
+
+def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> list[ParameterTarget]:
+    targets = []
+    for chunk in chunks:
+        model = unwrap(chunk)
+        layers = global_layers(model)
+        for local_name, param in model.named_parameters():
+            placement = parameter_placement(param, tp_rank=ranks.tp_rank, tp_size=ranks.tp_size,
+                                            dp_rank=ranks.dp_rank)
+            targets.append(ParameterTarget(canonical_name(local_name, layers), param, placement))
+    return targets
+
+
+def activation_modules(chunks: list[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
+    """(canonical name, module) of every module whose output is an ``act`` site."""
+    found = []
+    for chunk in chunks:
+        model = unwrap(chunk)
+        layers = global_layers(model)
+        for local_name, module in model.named_modules():
+            name = canonical_name(local_name, layers) if local_name else ""
+            if name and ACTIVATION_MODULES.match(name):
+                found.append((name, module))
+    return found
+
+
+def is_feature_sharded(module: torch.nn.Module) -> bool:
+    """True when the module's output is split over TP ranks along its last dimension."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    return isinstance(module, ColumnParallelLinear) and not module.gather_output
+
+
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """Megatron modules return a tensor or a tuple (output, bias / context): the first tensor."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((o for o in output if isinstance(o, torch.Tensor)), None)
+    return None
+
+
+def adam_moments(optimizer: Any, targets: list[ParameterTarget]) -> list[tuple[ParameterTarget, torch.Tensor,
+                                                                                    torch.Tensor]]:
+    """(target, exp_avg, exp_avg_sq) for every parameter the optimizer has state for.
+
+    Understands the workbench's CPU optimizer, Megatron's mixed-precision and fp32
+    optimizers (through their fp32 master copies) and plain torch optimizers.
+    """
+    if hasattr(optimizer, "moments"):
+        by_name = {t.name: t for t in targets}
+        return [(by_name[name], m, v) for name, m, v in optimizer.moments() if name in by_name]
+    masters: dict[int, torch.Tensor] = {}
+    for model_group, master_group in zip(getattr(optimizer, "float16_groups", []),
+                                         getattr(optimizer, "fp32_from_float16_groups", [])):
+        masters.update({id(p): m for p, m in zip(model_group, master_group)})
+    inner = getattr(optimizer, "optimizer", optimizer)
+    state = getattr(inner, "state", {})
+    found = []
+    for target in targets:
+        entry = state.get(masters.get(id(target.param), target.param))
+        if entry and "exp_avg" in entry and "exp_avg_sq" in entry:
+            found.append((target, entry["exp_avg"], entry["exp_avg_sq"]))
+    return found
