@@ -38,3 +38,7 @@ class LaunchError(WorkbenchError, RuntimeError):
 
 class CheckpointError(WorkbenchError, RuntimeError):
     """No usable checkpoint exists where one is needed, or it does not match the run."""
+
+
+class NoSitesError(WorkbenchError, LookupError):
+    """A run has no per-site records (recording was off, or it stopped before the first flush)."""

@@ -21,17 +21,19 @@ Fingerprint of one tensor: 64 bits made of two 32-bit lanes, each a sum modulo 2
 one word per element:
 
     i = full_index mod 2^32,  b = bits(element)   (zero-extended to 32 bits)
-    lane A:  v = (b XOR i*0x9E3779B9) * 0x85EBCA6B;  word = v XOR (v >> 16)
-    lane B:  v = (b XOR i*0x27D4EB2F) * 0xC2B2AE35;  word = v XOR (v >> 15)
+    lane A:  v = b XOR i*0x9E3779B9;  v ^= v >> 16;  v *= 0x85EBCA6B;  word = v XOR (v >> 13)
+    lane B:  v = b XOR i*0x27D4EB2F;  v ^= v >> 15;  v *= 0xC2B2AE35;  word = v XOR (v >> 16)
     fingerprint = (sum of lane-B words mod 2^32) << 32  |  (sum of lane-A words mod 2^32)
 
 ``bits`` is the element's IEEE bit pattern (for 8-byte types lane A reads the low and
 lane B the high 32 bits) and ``full_index`` its row-major index in the full, unsharded
 tensor. Integer addition is associative, so the value does not depend on reduction
 order, and the lane sums of shards add up to the full tensor's; for a fixed index each
-word is a bijection of the bits (XOR with a constant, multiplication by an odd constant,
-an xorshift), so changing any bit of any single element always changes the fingerprint;
-the index term makes it change when elements are permuted. 32-bit lanes keep the
+word is a bijection of the bits (XOR with a constant, xorshifts, multiplication by an odd
+constant), so changing any bit of any single element always changes the fingerprint; the
+index term makes it change when elements are permuted. The xorshift before the multiply
+matters: without it a flip of the top (sign) bit passes through linearly, as the same
+constant at every index, and swapping x with -x would go unseen. 32-bit lanes keep the
 multiplications native on vector units (a 64-bit multiply is several instructions).
 """
 
@@ -46,9 +48,9 @@ SUM_STATS: tuple[str, ...] = ("count", "sum", "sum_sq", "nan", "inf", "zero", "u
 MAX_STATS: tuple[str, ...] = ("max", "neg_min", "absmax")
 """Statistics whose shard values combine by maximum (``min`` travels as ``-min``)."""
 
-FP_LANES: tuple[tuple[int, int, int], ...] = (
-    (0x9E3779B9, 0x85EBCA6B, 16),  # lane A: index multiplier, mixing multiplier, shift
-    (0x27D4EB2F, 0xC2B2AE35, 15),  # lane B
+FP_LANES: tuple[tuple[int, int, int, int], ...] = (
+    (0x9E3779B9, 0x85EBCA6B, 16, 13),  # lane A: index multiplier, mixing multiplier, shift before, shift after
+    (0x27D4EB2F, 0xC2B2AE35, 15, 16),  # lane B
 )
 _MASK32 = (1 << 32) - 1
 
@@ -85,10 +87,11 @@ def lane_sums(values: np.ndarray, full_index: np.ndarray | None = None) -> tuple
     n = words[0].size
     index = (np.arange(n, dtype=np.uint64) if full_index is None else full_index.reshape(-1)).astype(np.uint32)
     sums = []
-    for bits, (index_mult, mix_mult, shift) in zip(words, FP_LANES):
+    for bits, (index_mult, mix_mult, before, after) in zip(words, FP_LANES):
         with np.errstate(over="ignore"):
-            v = (bits ^ (index * np.uint32(index_mult))) * np.uint32(mix_mult)
-        word = v ^ (v >> np.uint32(shift))
+            v = bits ^ (index * np.uint32(index_mult))
+            v = (v ^ (v >> np.uint32(before))) * np.uint32(mix_mult)
+        word = v ^ (v >> np.uint32(after))
         sums.append(int(word.sum(dtype=np.uint64)) & _MASK32)
     return sums[0], sums[1]
 

@@ -20,8 +20,8 @@ import torch
 
 from workbench.statistics import FP_LANES, to_signed32
 
-_LANES = [(to_signed32(index_mult), to_signed32(mix_mult), shift, (1 << (32 - shift)) - 1)
-          for index_mult, mix_mult, shift in FP_LANES]
+_LANES = [(to_signed32(index_mult), to_signed32(mix_mult), before, (1 << (32 - before)) - 1, after,
+           (1 << (32 - after)) - 1) for index_mult, mix_mult, before, after in FP_LANES]
 
 PartialFn = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -57,10 +57,11 @@ def full_index(x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
 def _partial(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float):  # type: ignore[no-untyped-def]
     index = full_index(x, coords)
     lanes = []
-    for bits, (index_mult, mix_mult, shift, low_mask) in zip(element_words(x), _LANES):
-        v = (bits ^ (index * index_mult)) * mix_mult
-        # Logical shift right of an int32: arithmetic shift, then drop the sign copies.
-        lanes.append((v ^ ((v >> shift) & low_mask)).sum(dtype=torch.int64))
+    for bits, (index_mult, mix_mult, before, before_mask, after, after_mask) in zip(element_words(x), _LANES):
+        v = bits ^ (index * index_mult)
+        # Logical shifts right of an int32: arithmetic shift, then drop the sign copies.
+        v = (v ^ ((v >> before) & before_mask)) * mix_mult
+        lanes.append((v ^ ((v >> after) & after_mask)).sum(dtype=torch.int64))
     xf = x.to(torch.float32) if x.element_size() < 4 else x
     finite = torch.isfinite(xf)
     f = torch.where(finite, xf, 0.0)
@@ -84,7 +85,15 @@ def eager() -> PartialFn:
 
 @functools.cache
 def compiled() -> PartialFn:
-    return torch.compile(_partial, dynamic=True, fullgraph=True)  # type: ignore[return-value]
+    fn = torch.compile(_partial, dynamic=True, fullgraph=True)
+
+    def call(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float):  # type: ignore[no-untyped-def]
+        # One graph per dtype and rank of tensor (and pattern of size-1 dimensions): a run
+        # sees a handful; the default limit of 8 is too tight for a process that records several.
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return fn(x, coords, tiny, largest)
+
+    return call
 
 
 def partial_stats(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, *,

@@ -22,7 +22,7 @@ import xarray as xr
 import zarr
 
 from workbench.config import RunConfig
-from workbench.errors import NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.errors import NoSitesError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
 
 
@@ -93,6 +93,64 @@ class Run:
         """The scalars as a lazy xarray Dataset (``xarray.open_zarr``), completed steps only."""
         ds = xr.open_zarr(self.paths.store, group=layout.SCALARS_GROUP, consolidated=False)
         return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(0, self.steps_completed)})
+
+    # -- per-site records ----------------------------------------------------------------
+
+    @property
+    def has_sites(self) -> bool:
+        return layout.SITES_GROUP in self._root
+
+    def _sites_group(self) -> zarr.Group:
+        if not self.has_sites:
+            raise NoSitesError(f"{self.path}: run {self.name!r} has no per-site records (record.enabled = false, "
+                               "or it ended before its first recorded step was written)")
+        return zarr.open_group(self.paths.store, mode="r")[layout.SITES_GROUP]
+
+    @property
+    def recorded_steps_completed(self) -> int:
+        """Recorded steps written without a gap from the first one."""
+        done = np.asarray(self._sites_group()[layout.DONE_FIELD][:], dtype=bool)
+        return int(np.argmin(done)) if not done.all() else len(done)
+
+    def sites(self) -> xr.Dataset:
+        """Statistics and fingerprints as a lazy Dataset: ``stats`` (step, site, stat) and
+        ``fingerprint`` (step, site), with site metadata (kind, name, layer, order, shape, dtype,
+        numel) as coordinates; written steps only."""
+        self._sites_group()
+        ds = xr.open_zarr(self.paths.store, group=layout.SITES_GROUP, consolidated=False)
+        ds = ds.set_coords(list(layout.SITE_META_FIELDS)).drop_vars(layout.DONE_FIELD)
+        return ds.isel({layout.STEP_DIM: slice(0, self.recorded_steps_completed)})
+
+    def site_table(self) -> pd.DataFrame:
+        """One row per site, in execution order: kind, name, layer, order, shape, dtype, numel."""
+        group = self._sites_group()
+        return pd.DataFrame({f: group[f][:] for f in layout.SITE_META_FIELDS},
+                            index=pd.Index(group[layout.SITE_DIM][:], name=layout.SITE_DIM))
+
+    def fingerprints(self) -> pd.DataFrame:
+        """Fingerprints (uint64), one row per written recorded step, one column per site."""
+        group, n = self._sites_group(), self.recorded_steps_completed
+        return pd.DataFrame(group[layout.FINGERPRINT_ARRAY][:n], columns=group[layout.SITE_DIM][:],
+                            index=pd.Index(group[layout.STEP_DIM][:n], name=layout.STEP_DIM))
+
+    def stat(self, name: str) -> pd.DataFrame:
+        """One statistic (e.g. ``"l2"``), one row per written recorded step, one column per site."""
+        group, n = self._sites_group(), self.recorded_steps_completed
+        names = list(group[layout.STAT_DIM][:])
+        if name not in names:
+            raise KeyError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
+        return pd.DataFrame(group[layout.STATS_ARRAY][:n, :, names.index(name)], columns=group[layout.SITE_DIM][:],
+                            index=pd.Index(group[layout.STEP_DIM][:n], name=layout.STEP_DIM))
+
+    def snapshot(self, step: int, site: str) -> np.ndarray:
+        """The full tensor of ``site`` ("kind:name") recorded at ``step``."""
+        kind, _, name = site.partition(":")
+        path = layout.snapshot_path(step, kind, name)
+        try:
+            return np.asarray(zarr.open_array(self.paths.store / path, mode="r")[...])
+        except (FileNotFoundError, KeyError, ValueError):
+            raise KeyError(f"{self.path}: no snapshot of {site} at step {step}; "
+                           "set record.snapshot_steps and record.snapshot_sites") from None
 
     @property
     def final_loss(self) -> float:
