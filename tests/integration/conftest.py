@@ -20,6 +20,9 @@ TINY: dict[str, Any] = {
     "flush_every": 2,
     "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128, "seq_length": 32},
     "optim": {"lr": 0.01, "min_lr": 0.001, "warmup_steps": 2},
+    # Eager statistics: each rank process would otherwise compile the kernel first
+    # (test_recorder checks that the compiled path gives the same fingerprints).
+    "record": {"compile": False},
 }
 
 

@@ -43,7 +43,7 @@ def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
     cfg_path.write_text(
         'name = "long"\nsteps = 2000\nglobal_batch_size = 4\nmicro_batch_size = 2\nflush_every = 5\n'
         "[model]\nnum_layers = 2\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 16\n"
-        "[layout]\ndp = 2\n")
+        "[layout]\ndp = 2\n[record]\ncompile = false\nkinds = [\"param\", \"act\", \"grad\"]\n")
     launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "long"
@@ -66,6 +66,11 @@ def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
     assert n % 5 == 0  # whole flushes only
     assert np.isfinite(run.scalars.loss).all() and len(run.scalars) == n
     assert run.dataset()["loss"].sizes["step"] == n
+    recorded = run.recorded_steps_completed
+    assert recorded >= 5 and recorded % 5 == 0
+    sites = run.sites()
+    assert sites.sizes["step"] == recorded
+    assert np.isfinite(sites.stats.sel(stat="sum").to_numpy()).all()
 
 
 def test_orphaned_ranks_exit_when_the_launcher_dies(tmp_path: Path) -> None:

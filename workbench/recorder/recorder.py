@@ -265,8 +265,10 @@ class Recorder:
             acc.maxes = torch.maximum(acc.maxes, maxes)
             acc.lanes = acc.lanes + lanes
         if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
-            values = placement.to_full_order(tensor.detach()).to("cpu", torch.float64 if tensor.dtype ==
-                                                                 torch.float64 else torch.float32)
+            # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
+            # before the writer thread reads it.
+            dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+            values = placement.to_full_order(tensor.detach()).to("cpu", dtype, copy=True)
             self._state.snapshots.append(_Snapshot(layout.snapshot_path(self._step, kind, name), placement,
                                                    values.numpy(), str(tensor.dtype).removeprefix("torch.")))
 

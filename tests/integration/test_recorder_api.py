@@ -1,0 +1,72 @@
+"""The recorder attached to a plain Megatron Core loop in a few lines, and detached cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = r'''
+import os, sys, torch, torch.distributed as dist
+from workbench.runner import cpu_compat
+cpu_compat.install()
+from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from workbench.config import RunConfig
+from workbench.manifest import new_manifest
+from workbench.recorder import Recorder
+from workbench.runner.model import build_model
+from workbench.store.reader import open_run
+from workbench.store.writer import create_store
+
+run_dir = sys.argv[1]
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[2])
+ps.initialize_model_parallel()
+model_parallel_cuda_manual_seed(0)
+cfg = RunConfig.from_dict({"name": "api", "steps": 2, "model": {"num_layers": 1, "hidden_size": 32,
+                           "num_attention_heads": 2, "vocab_size": 64, "seq_length": 8}})
+built = build_model(cfg, torch.device("cpu"))
+create_store(__import__("pathlib").Path(run_dir), new_manifest(cfg), cfg.steps)
+optimizer = torch.optim.AdamW(built.ddp.parameters(), lr=1e-3)
+before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules())
+finalize = built.config.finalize_model_grads_func
+
+# --- the few lines a user adds to their own loop ---
+recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=2, optimizer=optimizer, global_batch_size=2)
+tokens = torch.randint(0, 64, (2, 9))
+mask = torch.ones(8, 8, dtype=torch.bool).triu(1)[None, None]
+for step in range(2):
+    recorder.step_begin(step)
+    built.ddp.zero_grad_buffer()
+    recorder.microbatch(0)
+    loss = built.ddp(tokens[:, :-1], torch.arange(8)[None].expand(2, 8), mask, labels=tokens[:, 1:]).mean()
+    loss.backward()
+    built.config.finalize_model_grads_func([built.ddp])
+    for p in built.ddp.parameters():
+        p.grad = p.main_grad
+    optimizer.step()
+    recorder.step_end(step)
+recorder.close()
+# ----------------------------------------------------
+
+after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules())
+assert after == before, (before, after)
+assert built.config.finalize_model_grads_func is finalize
+table = open_run(run_dir).site_table()
+kinds = set(table["kind"])
+assert {"param", "act", "act_grad", "grad", "exp_avg", "exp_avg_sq", "update", "loss"} <= kinds, kinds
+assert open_run(run_dir).recorded_steps_completed == 2
+print("ok", len(table))
+'''
+
+
+def test_recorder_in_a_users_loop_and_hooks_removed_on_close(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "api"), str(port)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")
