@@ -177,7 +177,8 @@ class RecordConfig:
     snapshot_sites: tuple[str, ...] = ()
     """Glob patterns over site ids whose full tensors are snapshotted."""
     compile: bool = True
-    """Compute statistics with one fused ``torch.compile`` kernel (false: plain eager torch calls)."""
+    """Compute statistics in one fused pass (a native C++ kernel on CPU, ``torch.compile`` on GPU);
+    false: plain eager torch calls (slower, no compiler needed)."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.enabled, bool), "record.enabled", self.enabled, "true or false")

@@ -80,7 +80,8 @@ def test_stats_and_fingerprints_of_merged_shards_equal_those_of_the_gathered_ten
     np.testing.assert_array_equal(run.snapshot(1, "param:output_layer.weight"), params["output_layer.weight"].numpy())
 
 
-def test_compiled_and_eager_statistics_give_the_same_fingerprints(runs: Runs) -> None:
+def test_fused_and_eager_statistics_give_the_same_fingerprints(runs: Runs) -> None:
+    # compile = true is the native kernel on CPU; the eager path is plain torch.
     eager = open_run(runs.get("base")).fingerprints()
     compiled = open_run(runs.get("compiled", **{"record.compile": True})).fingerprints()
     assert compiled.equals(eager)

@@ -12,6 +12,29 @@ from workbench.statistics import assemble, fingerprint_reference, pack_fingerpri
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_native_equals_eager(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    for shape, offsets in [((7,), [[0, 1]]), ((33, 700), [[5, 1400], [700, 1]]), ((5, 3, 8), None)]:
+        x = (torch.randn(shape, generator=generator) * 100).to(dtype)
+        flat = x.view(-1)
+        flat[0], flat[1], flat[2] = float("nan"), float("-inf"), 0.0
+        coords = kernels.coords_tensor(offsets) if offsets else kernels.identity_coords(x.shape)
+        results = []
+        for fused in (True, False):
+            acc, lanes = kernels.new_accumulators(x.device)
+            kernels.accumulate(x, coords, 1e-3, 50.0, acc, lanes, fused=fused)
+            results.append((acc, lanes & 0xFFFFFFFF))
+        (native_acc, native_lanes), (eager_acc, eager_lanes) = results
+        assert torch.equal(native_lanes, eager_lanes), f"{dtype} {shape}: fingerprint lanes differ"
+        exact = [0, 3, 4, 5, 6, 7, 8, 9, 10]  # counts and extremes; sums agree to rounding
+        assert torch.equal(native_acc[exact], eager_acc[exact]), (native_acc, eager_acc)
+        # float sums within blocks of 256: error ~1e-9 of the sum of |x|
+        bound = 1e-8 * float(x.double().abs().nan_to_num(posinf=0).sum())
+        assert abs(float(native_acc[1] - eager_acc[1])) <= bound
+        torch.testing.assert_close(native_acc[2], eager_acc[2], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_compiled_equals_eager(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(0)
     for shape in [(7,), (33, 17), (5, 3, 8)]:

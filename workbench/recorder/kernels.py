@@ -5,16 +5,24 @@ tensor piece whose elements sit at known positions of a full tensor; partial res
 disjoint pieces merge by addition and maximum (see ``workbench.statistics``, which also
 holds the numpy reference these kernels are tested against).
 
-Two paths compute the same thing: ``eager`` (plain torch calls, many passes) and
-``compiled`` (``torch.compile``: one fused pass that reads the tensor once). The
-fingerprint is integer arithmetic and therefore bitwise the same on every path and
+Three paths compute the same thing: ``eager`` (plain torch calls, many passes, any
+device), ``compiled`` (``torch.compile``: one fused pass; Triton on GPU) and ``native``
+(a small C++ kernel for CPU tensors, built once per machine with the system compiler:
+one pass, all accumulators in registers, and a call costs microseconds where a compiled
+graph's guards cost ~100). ``accumulate`` picks the fastest path that fits the tensor.
+The fingerprint is integer arithmetic and therefore bitwise the same on every path and
 device; the float sums agree to rounding.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,6 +113,48 @@ def partial_stats(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: f
         return zeros, torch.full((3,), float("-inf"), dtype=torch.float64, device=x.device), \
             torch.zeros(2, dtype=torch.int64, device=x.device)
     return (fn or _partial)(x, coords, tiny, largest)
+
+
+@functools.cache
+def native() -> Any:
+    """The C++ kernel module (``accumulate``), built on first use and cached per machine."""
+    from torch.utils import cpp_extension
+
+    source = Path(__file__).with_name("native_stats.cpp")
+    # -march=native: the build is only valid on this kind of CPU, so its name says which.
+    flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() \
+        else os.uname().machine
+    key = hashlib.sha256(source.read_bytes() + flags.encode() + torch.__version__.encode()).hexdigest()[:12]
+    # cpp_extension runs `ninja` from PATH; the one pip installed sits beside this Python.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    return cpp_extension.load(name=f"workbench_stats_{key}", sources=[str(source)],
+                              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                              verbose=False)
+
+
+def new_accumulators(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty accumulators: float64 [11] (8 sums, then max, -min, absmax) and int64 [2] lanes."""
+    acc = torch.zeros(11, dtype=torch.float64, device=device)
+    acc[8:] = float("-inf")
+    return acc, torch.zeros(2, dtype=torch.int64, device=device)
+
+
+def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
+               lanes: torch.Tensor, *, fused: bool = True) -> None:
+    """Add the statistics and fingerprint lanes of ``x`` into ``acc`` and ``lanes`` (in place).
+
+    ``fused``: the native kernel for CPU tensors, the compiled one elsewhere; otherwise eager.
+    """
+    x = x.detach().contiguous()
+    if x.numel() == 0:
+        return
+    if fused and x.device.type == "cpu":
+        native().accumulate(x, coords, tiny, largest, acc, lanes)
+        return
+    sums, maxes, part = (compiled() if fused else eager())(x, coords, tiny, largest)
+    acc[:8] += sums
+    torch.maximum(acc[8:], maxes, out=acc[8:])
+    lanes += part
 
 
 def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:

@@ -68,9 +68,8 @@ def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclass
 class _Accumulator:
-    sums: torch.Tensor     # [8] float64
-    maxes: torch.Tensor    # [3] float64
-    lanes: torch.Tensor    # [2] int64
+    acc: torch.Tensor      # [11] float64: 8 sums, then max, -min, absmax
+    lanes: torch.Tensor    # [2] int64: fingerprint lane sums
 
 
 @dataclass
@@ -122,7 +121,8 @@ class Recorder:
         self._wanted = site_matcher(sites if sites is not None else self.record.sites)
         self._snapshot_wanted = site_matcher(self.record.snapshot_sites)
         self._kinds = set(self.record.kinds)
-        self._fn = kernels.compiled() if self.record.compile else kernels.eager()
+        self._fused = self.record.compile
+        self._coords: dict[tuple[Placement, torch.device], torch.Tensor] = {}
         self._tiny, self._largest = PRECISION_LIMITS[precision]
         self._rows = {step: row for row, step in enumerate(self.record.recorded_steps(total_steps))}
         self._params = parameter_targets(self._chunks, self._ranks)
@@ -255,15 +255,14 @@ class Recorder:
         if site is None or not placement.contributes:
             return
         assert self._state is not None
-        sums, maxes, lanes = kernels.partial_stats(tensor, placement.coords(tensor.device), self._tiny,
-                                                   self._largest, fn=self._fn)
+        key = (placement, tensor.device)
+        coords = self._coords.get(key)
+        if coords is None:
+            coords = self._coords[key] = placement.coords(tensor.device)
         acc = self._state.acc.get(site)
-        if acc is None:
-            self._state.acc[site] = _Accumulator(sums, maxes, lanes)
-        else:  # another micro-batch of the same site
-            acc.sums = acc.sums + sums
-            acc.maxes = torch.maximum(acc.maxes, maxes)
-            acc.lanes = acc.lanes + lanes
+        if acc is None:  # first micro-batch of this site in this step; later ones add in
+            acc = self._state.acc[site] = _Accumulator(*kernels.new_accumulators(tensor.device))
+        kernels.accumulate(tensor, coords, self._tiny, self._largest, acc.acc, acc.lanes, fused=self._fused)
         if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
             # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
             # before the writer thread reads it.
@@ -320,8 +319,8 @@ class Recorder:
             self._build_registry()
         sites = list(state.acc)
         if sites:
-            sums = torch.stack([state.acc[s].sums for s in sites])
-            maxes = torch.stack([state.acc[s].maxes for s in sites])
+            acc = torch.stack([state.acc[s].acc for s in sites])
+            sums, maxes = acc[:, :8], acc[:, 8:]
             lanes = torch.stack([state.acc[s].lanes for s in sites])
         else:
             sums = torch.zeros(0, 8, dtype=torch.float64, device=self._device)
