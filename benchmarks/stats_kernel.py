@@ -54,10 +54,10 @@ def main() -> None:
                             kernels.partial_stats(x, coords, 1e-38, 1e38, fn=eager)[2] & 0xFFFFFFFF]
             copy_t, native_t, compiled_t, eager_t = [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drift hits all paths alike
-                copy_t += seconds(lambda: x.clone(), 1)
-                native_t += seconds(lambda: native(x, coords), 1)
-                compiled_t += seconds(lambda: kernels.partial_stats(x, coords, 1e-38, 1e38, fn=compiled), 1)
-                eager_t += seconds(lambda: kernels.partial_stats(x, coords, 1e-38, 1e38, fn=eager), 1)
+                copy_t += seconds(lambda x=x: x.clone(), 1)
+                native_t += seconds(lambda x=x, c=coords: native(x, c), 1)
+                compiled_t += seconds(lambda x=x, c=coords: kernels.partial_stats(x, c, 1e-38, 1e38, fn=compiled), 1)
+                eager_t += seconds(lambda x=x, c=coords: kernels.partial_stats(x, c, 1e-38, 1e38, fn=eager), 1)
             gbs = [x.nbytes / statistics.median(t) / 1e9 for t in (copy_t, native_t, compiled_t, eager_t)]
             same = all(torch.equal(f, fingerprints[0]) for f in fingerprints)
             print(f"{str(dtype).removeprefix('torch.'):>9} {millions:>8}M {gbs[0]:10.2f} | {gbs[1]:6.2f} "

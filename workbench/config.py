@@ -15,10 +15,11 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from workbench.errors import ConfigError
 from workbench.sites import DEFAULT_KINDS, SITE_KINDS
@@ -310,7 +311,7 @@ _SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "opt
 
 def _enum(kind: type[StrEnum], value: object, name: str) -> Any:
     try:
-        return kind(value)
+        return kind(str(value)) if isinstance(value, str) else kind(value)  # type: ignore[arg-type]
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in kind)  # type: ignore[attr-defined]
         raise ConfigError(f"{name} = {value!r} is not allowed: one of {allowed}") from None

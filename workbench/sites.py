@@ -19,7 +19,7 @@ they happen within a step, which is the first key of a site's execution order.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 _WRAPPER_PREFIX = "module."
 _LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=\.|$)")

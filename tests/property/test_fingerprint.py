@@ -10,8 +10,14 @@ from hypothesis.extra.numpy import arrays
 
 from workbench.recorder import kernels
 from workbench.recorder.placement import Placement
-from workbench.statistics import (STAT_NAMES, combine_fingerprints, fingerprint_reference, merge_stats,
-                                  pack_fingerprint, stats_reference)
+from workbench.statistics import (
+    STAT_NAMES,
+    combine_fingerprints,
+    fingerprint_reference,
+    merge_stats,
+    pack_fingerprint,
+    stats_reference,
+)
 
 DTYPES = [np.float32, np.float16, np.float64]
 finite_arrays = st.sampled_from(DTYPES).flatmap(lambda dtype: arrays(

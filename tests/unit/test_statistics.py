@@ -2,8 +2,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.statistics import (STAT_NAMES, assemble, combine_fingerprints, fingerprint_reference,
-                                  pack_fingerprint, stats_reference)
+from workbench.statistics import (
+    STAT_NAMES,
+    assemble,
+    combine_fingerprints,
+    fingerprint_reference,
+    pack_fingerprint,
+    stats_reference,
+)
 
 
 def test_lanes_combine_without_carry() -> None:

@@ -22,6 +22,7 @@ piece, into its own chunk.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,13 +36,27 @@ import torch.distributed as dist
 from workbench.config import RecordConfig
 from workbench.recorder import kernels
 from workbench.recorder.placement import Placement, activation_placement, token_placement
-from workbench.recorder.targets import (ParallelRanks, activation_modules, adam_moments, first_tensor,
-                                        is_feature_sharded, parameter_targets, unwrap)
+from workbench.recorder.targets import (
+    ParallelRanks,
+    activation_modules,
+    adam_moments,
+    first_tensor,
+    is_feature_sharded,
+    parameter_targets,
+    unwrap,
+)
 from workbench.sites import SITE_KINDS, layer_of, site_id
 from workbench.statistics import PRECISION_LIMITS, assemble
 from workbench.store import layout
-from workbench.store.writer import (BackgroundWriter, SiteInfo, contiguous_ranges, create_sites_group,
-                                    create_snapshot, write_site_rows, write_snapshot_region)
+from workbench.store.writer import (
+    BackgroundWriter,
+    SiteInfo,
+    contiguous_ranges,
+    create_sites_group,
+    create_snapshot,
+    write_site_rows,
+    write_snapshot_region,
+)
 
 SiteFilter = str | Sequence[str] | Callable[[str], bool]
 _BACKWARD_KINDS = {"act_grad"}
@@ -150,7 +165,7 @@ class Recorder:
             self._handles.append(unwrap(chunk).register_forward_pre_hook(self._on_microbatch_start))
             config = getattr(chunk, "config", None)
             original = getattr(config, "finalize_model_grads_func", None)
-            if original is not None and not getattr(original, "_workbench_recorder", False):
+            if config is not None and original is not None and not getattr(original, "_workbench_recorder", False):
                 self._restore.append((config, original))
                 config.finalize_model_grads_func = self._wrap_finalize(original)
             model = unwrap(chunk)
@@ -346,9 +361,9 @@ class Recorder:
         self._registry = [e[0] for e in ordered]
         self._index = {site: i for i, site in enumerate(self._registry)}
         if self._rank == 0:
-            infos = [SiteInfo(site=e[0], kind=e[1], name=e[2], layer=-1 if layer_of(e[2]) is None else
-                              int(layer_of(e[2])), order=i, shape="x".join(map(str, e[4])), dtype=e[5],
-                              numel=int(np.prod(e[4], dtype=np.int64))) for i, e in enumerate(ordered)]
+            infos = [SiteInfo(site=e[0], kind=e[1], name=e[2], layer=_layer_number(e[2]), order=i,
+                              shape="x".join(map(str, e[4])), dtype=e[5], numel=int(np.prod(e[4], dtype=np.int64)))
+                     for i, e in enumerate(ordered)]
             steps = sorted(self._rows)
             if not _sites_group_matches(self._run_dir, steps, self._registry):
                 create_sites_group(self._run_dir, steps, infos)
@@ -382,8 +397,8 @@ class Recorder:
             for first, stop in contiguous_ranges(rows):
                 block = slice(position, position + stop - first)
                 position += stop - first
-                self._background().submit(lambda first=first, b=block: write_site_rows(
-                    self._run_dir, first, stats[b], fingerprints[b]))
+                self._background().submit(functools.partial(write_site_rows, self._run_dir, first, stats[block],
+                                                            fingerprints[block]))
         self._seconds += time.perf_counter() - start
 
     def _write_snapshots(self, snapshots: list[_Snapshot]) -> None:
@@ -399,8 +414,8 @@ class Recorder:
         if dist.is_initialized():
             dist.barrier()
         for snap in snapshots:
-            self._background().submit(lambda s=snap: write_snapshot_region(self._run_dir, s.path, _full_region(s),
-                                                                           s.values))
+            self._background().submit(functools.partial(write_snapshot_region, self._run_dir, snap.path,
+                                                        _full_region(snap), snap.values))
 
     def _background(self) -> BackgroundWriter:
         if self._writer is None:
@@ -429,6 +444,12 @@ class Recorder:
         self.close()
 
 
+def _layer_number(name: str) -> int:
+    """Global layer of a site name, -1 outside the transformer layers (the stored convention)."""
+    layer = layer_of(name)
+    return -1 if layer is None else layer
+
+
 def _full_region(snap: _Snapshot) -> tuple[slice, ...]:
     """The region of the full tensor covered by a snapshot piece (values already in full order)."""
     p = snap.placement
@@ -451,7 +472,8 @@ def _sites_group_matches(run_dir: Path, steps: list[int], registry: list[str]) -
     import zarr
 
     try:
-        group = zarr.open_group(layout.RunPaths(run_dir).store, mode="r")[layout.SITES_GROUP]
-        return (list(group[layout.STEP_DIM][:]) == steps and list(group[layout.SITE_DIM][:]) == registry)
+        group = layout.subgroup(zarr.open_group(layout.RunPaths(run_dir).store, mode="r"), layout.SITES_GROUP)
+        return (np.asarray(layout.array(group, layout.STEP_DIM)[:]).tolist() == steps
+                and [str(s) for s in np.asarray(layout.array(group, layout.SITE_DIM)[:])] == registry)
     except KeyError:
         return False

@@ -68,7 +68,7 @@ def install() -> None:
         return
     if torch.cuda.is_available():
         raise RuntimeError("the CPU compatibility layer must not be installed where CUDA works")
-    torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment, return-value]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.get_rng_state = _cpu_rng_state  # type: ignore[assignment]
     torch.cuda.set_rng_state = _set_cpu_rng_state  # type: ignore[assignment]

@@ -25,7 +25,8 @@ from workbench.runner.model import BuiltModel
 
 
 class TrainingOptimizer(Protocol):
-    param_groups: list[dict[str, Any]]
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
 
     def step(self) -> tuple[bool, float]: ...
     def loss_scale(self) -> float: ...

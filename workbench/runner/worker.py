@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,9 +45,9 @@ class Trainer:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from workbench.recorder import Recorder
         from workbench.runner.model import build_model
         from workbench.runner.nondeterminism import emulate_atomics
-        from workbench.recorder import Recorder
         from workbench.runner.optimizer import build_optimizer, build_scheduler
 
         self.cfg, self.device = cfg, device
@@ -241,4 +241,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import zarr
+
 SCHEMA_VERSION = 1
 STORE_KIND = "workbench.run"
 
@@ -126,3 +128,19 @@ def resolve_run_dir(path: Path) -> Path | None:
     if path.name == STORE_DIR and (path / "zarr.json").is_file():
         return path.parent
     return None
+
+
+def array(group: zarr.Group, path: str) -> zarr.Array:
+    """The array at ``path`` inside ``group`` (typed; KeyError if it is missing or a group)."""
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        raise KeyError(f"{path} is a group, not an array")
+    return node
+
+
+def subgroup(group: zarr.Group, path: str) -> zarr.Group:
+    """The group at ``path`` inside ``group`` (typed; KeyError if it is missing or an array)."""
+    node = group[path]
+    if not isinstance(node, zarr.Group):
+        raise KeyError(f"{path} is an array, not a group")
+    return node

@@ -32,6 +32,7 @@ class Run:
     def __init__(self, run_dir: Path) -> None:
         self.paths = layout.RunPaths(run_dir)
         self._root = zarr.open_group(self.paths.store, mode="r")
+        self._scalars = layout.subgroup(self._root, layout.SCALARS_GROUP)
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, {self.status}, {self.steps_completed}/{self.steps_planned} steps)"
@@ -58,12 +59,12 @@ class Run:
 
     @property
     def steps_planned(self) -> int:
-        return int(self._root[layout.SCALARS_GROUP][layout.DONE_FIELD].shape[0])
+        return int(layout.array(self._scalars, layout.DONE_FIELD).shape[0])
 
     @property
     def done(self) -> np.ndarray:
         """Per planned step: whether its row has been written (re-read on every access)."""
-        return np.asarray(self._root[layout.SCALARS_GROUP][layout.DONE_FIELD][:], dtype=bool)
+        return np.asarray(layout.array(self._scalars, layout.DONE_FIELD)[:], dtype=bool)
 
     @property
     def steps_completed(self) -> int:
@@ -82,9 +83,9 @@ class Run:
     @property
     def scalars(self) -> pd.DataFrame:
         """Per-step scalars of the completed steps, indexed by ``step``."""
-        group = self._root[layout.SCALARS_GROUP]
+        group = self._scalars
         n = self.steps_completed
-        frame = pd.DataFrame({name: group[name][:n] for name in layout.SCALAR_FIELDS},
+        frame = pd.DataFrame({name: layout.array(group, name)[:n] for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(n), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)
         return frame
@@ -104,12 +105,12 @@ class Run:
         if not self.has_sites:
             raise NoSitesError(f"{self.path}: run {self.name!r} has no per-site records (record.enabled = false, "
                                "or it ended before its first recorded step was written)")
-        return zarr.open_group(self.paths.store, mode="r")[layout.SITES_GROUP]
+        return layout.subgroup(zarr.open_group(self.paths.store, mode="r"), layout.SITES_GROUP)
 
     @property
     def recorded_steps_completed(self) -> int:
         """Recorded steps written without a gap from the first one."""
-        done = np.asarray(self._sites_group()[layout.DONE_FIELD][:], dtype=bool)
+        done = np.asarray(layout.array(self._sites_group(), layout.DONE_FIELD)[:], dtype=bool)
         return int(np.argmin(done)) if not done.all() else len(done)
 
     def sites(self) -> xr.Dataset:
@@ -124,23 +125,25 @@ class Run:
     def site_table(self) -> pd.DataFrame:
         """One row per site, in execution order: kind, name, layer, order, shape, dtype, numel."""
         group = self._sites_group()
-        return pd.DataFrame({f: group[f][:] for f in layout.SITE_META_FIELDS},
-                            index=pd.Index(group[layout.SITE_DIM][:], name=layout.SITE_DIM))
+        return pd.DataFrame({f: layout.array(group, f)[:] for f in layout.SITE_META_FIELDS},
+                            index=pd.Index(layout.array(group, layout.SITE_DIM)[:], name=layout.SITE_DIM))
 
     def fingerprints(self) -> pd.DataFrame:
         """Fingerprints (uint64), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed
-        return pd.DataFrame(group[layout.FINGERPRINT_ARRAY][:n], columns=group[layout.SITE_DIM][:],
-                            index=pd.Index(group[layout.STEP_DIM][:n], name=layout.STEP_DIM))
+        return pd.DataFrame(layout.array(group, layout.FINGERPRINT_ARRAY)[:n],
+                            columns=layout.array(group, layout.SITE_DIM)[:],
+                            index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
 
     def stat(self, name: str) -> pd.DataFrame:
         """One statistic (e.g. ``"l2"``), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed
-        names = list(group[layout.STAT_DIM][:])
+        names = [str(n) for n in np.asarray(layout.array(group, layout.STAT_DIM)[:])]
         if name not in names:
             raise KeyError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
-        return pd.DataFrame(group[layout.STATS_ARRAY][:n, :, names.index(name)], columns=group[layout.SITE_DIM][:],
-                            index=pd.Index(group[layout.STEP_DIM][:n], name=layout.STEP_DIM))
+        return pd.DataFrame(layout.array(group, layout.STATS_ARRAY)[:n, :, names.index(name)],
+                            columns=layout.array(group, layout.SITE_DIM)[:],
+                            index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
 
     def snapshot(self, step: int, site: str) -> np.ndarray:
         """The full tensor of ``site`` ("kind:name") recorded at ``step``."""
@@ -155,7 +158,7 @@ class Run:
     @property
     def final_loss(self) -> float:
         n = self.steps_completed
-        return float(self._root[layout.SCALARS_GROUP]["loss"][n - 1]) if n else float("nan")
+        return float(np.asarray(layout.array(self._scalars, "loss")[n - 1])) if n else float("nan")
 
 
 def _launcher_alive(launcher: dict[str, Any]) -> bool:

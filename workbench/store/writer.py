@@ -11,10 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import zarr
@@ -24,7 +24,7 @@ from workbench.store import layout
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr.Group:
@@ -67,8 +67,8 @@ class ScalarWriter:
 
     def __init__(self, run_dir: Path, flush_every: int) -> None:
         root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
-        self._group = root[layout.SCALARS_GROUP]
-        self._arrays = {name: self._group[name] for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)}
+        scalars = layout.subgroup(root, layout.SCALARS_GROUP)
+        self._arrays = {name: layout.array(scalars, name) for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)}
         self._flush_every = flush_every
         self._rows: dict[int, Mapping[str, float]] = {}
         self._background = BackgroundWriter()
@@ -195,11 +195,11 @@ def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -
 
 def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
     """Write recorded-step rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64)."""
-    group = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")[layout.SITES_GROUP]
+    group = layout.subgroup(zarr.open_group(layout.RunPaths(run_dir).store, mode="r+"), layout.SITES_GROUP)
     rows = slice(first_row, first_row + stats.shape[0])
-    group[layout.STATS_ARRAY][rows] = stats
-    group[layout.FINGERPRINT_ARRAY][rows] = fingerprints
-    group[layout.DONE_FIELD][rows] = 1
+    layout.array(group, layout.STATS_ARRAY)[rows] = stats
+    layout.array(group, layout.FINGERPRINT_ARRAY)[rows] = fingerprints
+    layout.array(group, layout.DONE_FIELD)[rows] = 1
 
 
 def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str,
