@@ -4,6 +4,8 @@
     workbench sweep STUDY.toml [--out DIR]
     workbench demo [--out DIR]
     workbench ls DIR
+    workbench compare A B [--json]
+    workbench check RUN --golden REF [--steps N] [--rtol X]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -12,6 +14,7 @@ printed as one line (``workbench: error: ...``) with exit code 2; a failed run e
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from importlib import resources
@@ -101,6 +104,46 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from workbench.analysis import compare
+    from workbench.store.reader import open_run
+
+    result = compare(open_run(args.a).records(), open_run(args.b).records())
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    print(f"{result.a} vs {result.b}: {len(result.common_steps)} common recorded steps, "
+          f"{len(result.common_sites)} common sites")
+    for label, only in (("only in " + result.a, result.only_in_a), ("only in " + result.b, result.only_in_b)):
+        if only["steps"] or only["sites"]:
+            print(f"  {label}: {len(only['steps'])} steps, {len(only['sites'])} sites (not compared)")
+    if result.identical:
+        print("bitwise identical at every common step and site")
+        return 0
+    print(f"first divergent step: {result.first_step}")
+    print(f"first divergent site: {result.first_site}")
+    print(f"origin sites at that step: {', '.join(result.origin_sites)}")
+    print(f"sites that ever differ: {len(result.frontier)} of {len(result.common_sites)}")
+    print("largest relative differences of the L2 norm at the last common step:")
+    for site, value in result.largest_differences().items():
+        print(f"  {value:10.3e}  {site}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from workbench.analysis import golden_check
+    from workbench.store.reader import open_run
+
+    check = golden_check(open_run(args.run).records(), open_run(args.golden).records(), steps=args.steps,
+                         rtol=args.rtol)
+    print(check.summary())
+    return 0 if check.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -125,6 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     ls = verbs.add_parser("ls", help="list the runs under a folder")
     ls.add_argument("directory", type=Path)
     ls.set_defaults(func=_cmd_ls)
+
+    cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site)")
+    cmp.add_argument("a", type=Path)
+    cmp.add_argument("b", type=Path)
+    cmp.add_argument("--json", action="store_true", help="print the result as JSON")
+    cmp.set_defaults(func=_cmd_compare)
+
+    check = verbs.add_parser("check", help="check a run against a golden reference (exit 1 if it differs)")
+    check.add_argument("run", type=Path)
+    check.add_argument("--golden", type=Path, required=True, help="the reference run")
+    check.add_argument("--steps", type=int, default=None, help="check the reference's steps below N")
+    check.add_argument("--rtol", type=float, default=None, help="compare statistics within this relative "
+                       "tolerance instead of fingerprints bitwise")
+    check.set_defaults(func=_cmd_check)
     return parser
 
 
@@ -141,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("workbench: interrupted; every rank was stopped", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

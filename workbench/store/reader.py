@@ -21,6 +21,7 @@ import pandas as pd
 import xarray as xr
 import zarr
 
+from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
 from workbench.errors import NoSitesError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
@@ -144,6 +145,12 @@ class Run:
         return pd.DataFrame(layout.array(group, layout.STATS_ARRAY)[:n, :, names.index(name)],
                             columns=layout.array(group, layout.SITE_DIM)[:],
                             index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
+
+    def records(self) -> RunRecords:
+        """Fingerprints and statistics in memory, for ``workbench.analysis``."""
+        sites = self.sites()
+        return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=sites["stats"].load(),
+                          model=dict(self.manifest["config"]["model"]), status=self.status)
 
     def snapshot(self, step: int, site: str) -> np.ndarray:
         """The full tensor of ``site`` ("kind:name") recorded at ``step``."""

@@ -1,0 +1,144 @@
+"""compare and golden_check on synthetic records with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from workbench.analysis import IncomparableRunsError, RunRecords, compare, golden_check
+from workbench.statistics import STAT_NAMES
+
+SITES = ["param:embedding.word_embeddings.weight", "param:layers.0.mlp.linear_fc1.weight", "act:embedding",
+         "act:layers.0.mlp", "act:layers.0", "loss:cross_entropy", "act_grad:layers.0", "act_grad:embedding",
+         "grad:embedding.word_embeddings.weight", "grad:layers.0.mlp.linear_fc1.weight"]
+
+
+def records(name: str, *, steps: int = 6, sites: list[str] = SITES, seed: int = 0,
+            model: dict | None = None) -> RunRecords:
+    rng = np.random.default_rng(seed)
+    fingerprints = pd.DataFrame(rng.integers(0, 2**63, size=(steps, len(sites)), dtype=np.uint64),
+                                index=pd.Index(range(steps), name="step"), columns=sites)
+    stats = xr.DataArray(rng.uniform(1, 2, size=(steps, len(sites), len(STAT_NAMES))),
+                         dims=("step", "site", "stat"),
+                         coords={"step": list(range(steps)), "site": sites, "stat": list(STAT_NAMES)})
+    return RunRecords(name=name, fingerprints=fingerprints, stats=stats, model=model or {"num_layers": 1})
+
+
+def perturb(run: RunRecords, name: str, step: int, site: str, *, factor: float = 1.001,
+            later: bool = True) -> RunRecords:
+    """A copy of ``run`` whose ``site`` differs from ``step`` on (and everything after it, if ``later``)."""
+    fingerprints, stats = run.fingerprints.copy(), run.stats.copy()
+    position = fingerprints.columns.get_loc(site)
+    for s in fingerprints.index:
+        if s < step:
+            continue
+        columns = fingerprints.columns[position:] if s == step and later else (
+            fingerprints.columns if later else [site])
+        for column in columns:
+            fingerprints.loc[s, column] = np.uint64(int(fingerprints.loc[s, column]) ^ 1)
+            stats.loc[{"step": s, "site": column}] = stats.sel(step=s, site=column) * factor
+    return RunRecords(name=name, fingerprints=fingerprints, stats=stats, model=run.model)
+
+
+def test_identical_runs_compare_identical() -> None:
+    result = compare(records("a"), records("b"))
+    assert result.identical and result.first_step is None and result.first_site is None
+    assert result.origin_sites == [] and result.frontier.empty
+    assert len(result.common_steps) == 6 and result.common_sites == SITES
+    assert float(result.relative_difference.max()) == 0.0
+
+
+def test_difference_injected_at_a_known_step_and_site_is_found_there() -> None:
+    a = records("a")
+    b = perturb(a, "b", step=3, site="act:layers.0.mlp")
+    result = compare(a, b)
+    assert not result.identical
+    assert result.first_step == 3 and result.first_site == "act:layers.0.mlp"
+    assert result.origin_sites == ["act:layers.0.mlp"]  # everything after it inherited the difference
+    assert result.frontier["act:layers.0.mlp"] == 3
+    assert result.frontier["param:embedding.word_embeddings.weight"] == 4  # params change from the next step
+    assert "act:embedding" not in result.frontier or result.frontier["act:embedding"] == 4
+    rel = result.relative_difference.sel(stat="l2")
+    assert float(rel.sel(step=2).max()) == 0.0
+    assert float(rel.sel(step=3, site="act:layers.0.mlp")) == pytest.approx(0.001 / 1.001)
+
+
+def test_two_independent_origins_in_one_step() -> None:
+    a = records("a")
+    only_two = perturb(perturb(a, "x", step=2, site="act:embedding", later=False), "b", step=2,
+                       site="grad:layers.0.mlp.linear_fc1.weight", later=False)
+    result = compare(a, only_two)
+    assert result.first_site == "act:embedding"
+    assert result.origin_sites == ["act:embedding", "grad:layers.0.mlp.linear_fc1.weight"]
+
+
+def test_a_permutation_is_detected_through_fingerprints() -> None:
+    a = records("a")
+    b = records("b")
+    swapped = b.fingerprints.copy()
+    swapped.loc[4, "act:layers.0"] = np.uint64(int(swapped.loc[4, "act:layers.0"]) + 1)  # any change of bits
+    result = compare(a, RunRecords("b", swapped, b.stats, b.model))
+    assert (result.first_step, result.first_site) == (4, "act:layers.0")
+
+
+def test_alignment_reports_what_it_dropped() -> None:
+    a = records("a", steps=6)
+    b = records("b", steps=4, sites=SITES[:-1] + ["grad:extra"])
+    result = compare(a, b)
+    assert result.common_steps == [0, 1, 2, 3]
+    assert result.only_in_a == {"steps": [4, 5], "sites": [SITES[-1]]}
+    assert result.only_in_b == {"steps": [], "sites": ["grad:extra"]}
+    assert set(result.to_dict()) >= {"identical", "first_step", "first_site", "origin_sites", "common_steps",
+                                     "common_sites"}
+
+
+def test_runs_that_cannot_be_compared() -> None:
+    with pytest.raises(IncomparableRunsError, match="model.hidden_size"):
+        compare(records("a", model={"hidden_size": 64}), records("b", model={"hidden_size": 128}))
+    late = records("late")
+    late = RunRecords("late", late.fingerprints.set_axis(range(10, 16)), late.stats.assign_coords(step=range(10, 16)))
+    with pytest.raises(IncomparableRunsError, match="no recorded step in common"):
+        compare(records("a"), late)
+    with pytest.raises(IncomparableRunsError, match="no site in common"):
+        compare(records("a", sites=["act:x"]), records("b", sites=["act:y"]))
+
+
+def test_running_store_gives_a_warning() -> None:
+    running = records("r")
+    running = RunRecords("r", running.fingerprints, running.stats, running.model, status="running")
+    assert any("running" in w for w in compare(records("a"), running).warnings)
+
+
+def test_nan_statistics_do_not_become_wrong_answers() -> None:
+    a = records("a")
+    stats = a.stats.copy()
+    stats.loc[{"step": 1, "site": "act:embedding"}] = np.nan
+    both_nan = compare(RunRecords("a", a.fingerprints, stats, a.model), RunRecords("b", a.fingerprints, stats, a.model))
+    assert float(both_nan.relative_difference.sel(step=1, site="act:embedding").max()) == 0.0
+    one_nan = compare(a, RunRecords("b", a.fingerprints, stats, a.model))
+    assert np.isnan(one_nan.relative_difference.sel(step=1, site="act:embedding", stat="sum"))
+
+
+def test_golden_check_exact_and_with_tolerance() -> None:
+    golden = records("golden")
+    assert golden_check(records("golden"), golden).passed
+    drifted = perturb(golden, "run", step=2, site="loss:cross_entropy", factor=1 + 1e-9)
+    exact = golden_check(drifted, golden, steps=6)
+    assert not exact.passed
+    assert exact.differences[0].step == 2 and exact.differences[0].site == "loss:cross_entropy"
+    assert golden_check(drifted, golden, steps=2).passed  # the difference starts at step 2
+    assert golden_check(drifted, golden, rtol=1e-6).passed
+    far = perturb(golden, "run", step=1, site="act:embedding", factor=1.1)
+    tolerant = golden_check(far, golden, rtol=1e-6)
+    assert not tolerant.passed and "relative" in tolerant.differences[0].detail
+    assert "FAILED" in tolerant.summary()
+
+
+def test_golden_check_fails_when_the_run_recorded_less() -> None:
+    golden = records("golden")
+    shorter = records("golden", steps=3, sites=SITES[:-1])
+    check = golden_check(shorter, golden)
+    details = {d.detail for d in check.differences}
+    assert "step not recorded by the run" in details and "site not recorded by the run" in details

@@ -1,0 +1,10 @@
+"""Analysis: pure functions over runs' records (pandas / xarray; no torch, no I/O).
+
+    from workbench.analysis import compare, golden_check
+"""
+
+from workbench.analysis.compare import Comparison, IncomparableRunsError, compare
+from workbench.analysis.golden import GoldenCheck, golden_check
+from workbench.analysis.records import RunRecords
+
+__all__ = ["Comparison", "GoldenCheck", "IncomparableRunsError", "RunRecords", "compare", "golden_check"]

@@ -1,0 +1,174 @@
+"""Comparing two runs: where they first differ (step, then site in execution order) and how.
+
+    result = compare(a, b)          # a, b: RunRecords
+    result.identical, result.first_step, result.first_site, result.origin_sites, result.frontier
+
+The runs are aligned on their common recorded steps and sites first; what one run has and
+the other lacks is reported, not silently dropped. A (step, site) is *equal* when the two
+fingerprints are equal, which (see ``workbench.statistics``) means bitwise equal tensors.
+
+Origins: at the first divergent step, the first divergent site in execution order is
+where the difference appeared. Further down the order a divergent site usually inherits
+the difference; it is counted as another origin when its inputs were equal: for the
+optimizer's sites (``exp_avg``, ``exp_avg_sq``, ``update`` of a parameter) the gradient
+and value of that parameter; for a reduced gradient its local gradient when recorded;
+otherwise the previous site of the same kind (the previous activation for an
+activation). This is a rule over the recorded sites, not a dataflow graph: two gradients
+reduced independently in a different order both count only if an equal gradient lies
+between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import xarray as xr
+
+from workbench.analysis.records import RunRecords
+from workbench.errors import WorkbenchError
+from workbench.sites import split_site
+
+
+class IncomparableRunsError(WorkbenchError, ValueError):
+    """Two runs share no steps or sites, or train different model shapes."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: str
+    b: str
+    common_steps: list[int]
+    common_sites: list[str]
+    only_in_a: dict[str, list[Any]]
+    """Steps and sites that only run ``a`` recorded (keys ``steps``, ``sites``)."""
+    only_in_b: dict[str, list[Any]]
+    equal: pd.DataFrame
+    """bool (step x site): fingerprints equal."""
+    first_step: int | None
+    first_site: str | None
+    origin_sites: list[str]
+    frontier: pd.Series
+    """Per site, the first step at which it differs (sites that never differ are absent)."""
+    relative_difference: xr.DataArray
+    """|a - b| / max(|a|, |b|) per (step, site, stat); 0 where both are equal, NaN where undefined."""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.first_step is None
+
+    def largest_differences(self, stat: str = "l2", count: int = 5) -> pd.Series:
+        """The ``count`` sites with the largest relative difference of ``stat`` at the last common step."""
+        last = self.relative_difference.sel(stat=stat).isel(step=-1).to_series()
+        return last.dropna().sort_values(ascending=False).head(count)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "identical": self.identical,
+            "first_step": self.first_step,
+            "first_site": self.first_site,
+            "origin_sites": self.origin_sites,
+            "common_steps": self.common_steps,
+            "common_sites": self.common_sites,
+            "only_in_a": self.only_in_a,
+            "only_in_b": self.only_in_b,
+            "frontier": {site: int(step) for site, step in self.frontier.items()},
+            "largest_differences": {site: float(v) for site, v in self.largest_differences().items()},
+            "warnings": self.warnings,
+        }
+
+
+def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
+    if a.model and b.model and a.model != b.model:
+        changed = sorted(k for k in set(a.model) | set(b.model) if a.model.get(k) != b.model.get(k))
+        raise IncomparableRunsError(
+            f"{a.name} and {b.name} train different model shapes ({', '.join(f'model.{k}' for k in changed)} "
+            "differ); only runs of one model can be compared")
+    warnings = []
+    for run in (a, b):
+        if run.status not in ("complete", "stopped"):
+            warnings.append(f"{run.name} is {run.status}: only its written steps are compared")
+    return warnings
+
+
+def relative_difference(x: xr.DataArray, y: xr.DataArray) -> xr.DataArray:
+    """|x - y| / max(|x|, |y|): 0 where equal (NaN = NaN counts as equal), NaN where only one is NaN."""
+    scale = xr.where(abs(x) > abs(y), abs(x), abs(y))
+    diff = abs(x - y) / scale.where(scale > 0)
+    both_equal = (x == y) | (x.isnull() & y.isnull())
+    return xr.where(both_equal, 0.0, diff)
+
+
+_OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq", "update")
+
+
+def _inputs(site: str, kind: str, name: str, present: set[str], previous_of_kind: dict[str, str]) -> list[str] | None:
+    """The recorded sites ``site`` is computed from, by the rule in the module docstring (None: unknown)."""
+    if kind in _OPTIMIZER_KINDS:  # the optimizer reads the reduced gradient and the parameter
+        inputs = [f"{k}:{name}" for k in ("grad", "param") if f"{k}:{name}" in present]
+        return inputs or None
+    if kind == "grad" and f"grad_local:{name}" in present:
+        return [f"grad_local:{name}"]
+    return [previous_of_kind[kind]] if kind in previous_of_kind else None
+
+
+def origin_sites(equal_at_step: pd.Series) -> list[str]:
+    """Divergent sites at one step where a difference entered, in execution order (see module doc)."""
+    present = {str(s) for s in equal_at_step.index}
+    equal = {str(s): bool(v) for s, v in equal_at_step.items()}
+    origins: list[str] = []
+    previous_of_kind: dict[str, str] = {}
+    any_divergent = False
+    for site, is_equal in equal.items():
+        kind, name = split_site(site)
+        if not is_equal:
+            inputs = _inputs(site, kind, name, present, previous_of_kind)
+            # With no known input, a site inherits from whatever ran before it.
+            fresh = all(equal[i] for i in inputs) if inputs is not None else not any_divergent
+            if fresh:
+                origins.append(site)
+            any_divergent = True
+        previous_of_kind[kind] = site
+    return origins
+
+
+def compare(a: RunRecords, b: RunRecords) -> Comparison:
+    """Align two runs and locate their first difference (see the module docstring)."""
+    warnings = _check_comparable(a, b)
+    steps = sorted(set(a.steps) & set(b.steps))
+    sites = [s for s in a.sites if s in set(b.sites)]  # a's execution order
+    if not steps:
+        raise IncomparableRunsError(f"{a.name} and {b.name} have no recorded step in common "
+                                    f"({a.name}: {_span(a.steps)}, {b.name}: {_span(b.steps)})")
+    if not sites:
+        raise IncomparableRunsError(f"{a.name} and {b.name} recorded no site in common; "
+                                    "record the same kinds and sites in both")
+    fa = a.fingerprints.loc[steps, sites]
+    fb = b.fingerprints.loc[steps, sites]
+    equal = pd.DataFrame(fa.to_numpy() == fb.to_numpy(), index=fa.index, columns=sites)
+    differing_steps = equal.index[~equal.all(axis=1)]
+    first_step = int(differing_steps[0]) if len(differing_steps) else None
+    first_site = None
+    origins: list[str] = []
+    if first_step is not None:
+        row = equal.loc[first_step]
+        first_site = str(row.index[~row.to_numpy()][0])
+        origins = origin_sites(row)
+    differs = ~equal
+    frontier = differs.idxmax().where(differs.any()).dropna().astype(int)
+    sa = a.stats.sel(step=steps, site=sites)
+    sb = b.stats.sel(step=steps, site=sites)
+    return Comparison(
+        a=a.name, b=b.name, common_steps=steps, common_sites=sites,
+        only_in_a={"steps": sorted(set(a.steps) - set(steps)), "sites": [s for s in a.sites if s not in sites]},
+        only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in sites]},
+        equal=equal, first_step=first_step, first_site=first_site, origin_sites=origins, frontier=frontier,
+        relative_difference=relative_difference(sa, sb), warnings=warnings)
+
+
+def _span(steps: list[int]) -> str:
+    return f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
