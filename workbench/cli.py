@@ -75,7 +75,7 @@ def _run_study_file(path: Path, out: Path) -> list[Path]:
 
     folders = run_study(study, out, report)
     printer(f"study {study.name}: {len(folders)} runs in {time.monotonic() - start:.1f} s", final=True)
-    return folders
+    return list(folders)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -87,10 +87,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from workbench.analysis.findings import study_findings
+    from workbench.store.reader import open_run
+
     with resources.as_file(resources.files("workbench") / "examples" / "demo.toml") as study_file:
-        _run_study_file(study_file, args.out)
+        folders = _run_study_file(study_file, args.out)
     print()
-    return _cmd_ls(argparse.Namespace(directory=args.out))
+    _cmd_ls(argparse.Namespace(directory=args.out))
+    print("\nfindings:")
+    records = {folder.name: open_run(folder).records() for folder in folders}
+    for line in study_findings(records, reference="det-r0"):
+        print(f"- {line}")
+    return 0
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:

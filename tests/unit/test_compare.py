@@ -142,3 +142,18 @@ def test_golden_check_fails_when_the_run_recorded_less() -> None:
     check = golden_check(shorter, golden)
     details = {d.detail for d in check.differences}
     assert "step not recorded by the run" in details and "site not recorded by the run" in details
+
+
+def test_study_findings_name_identical_repeats_and_first_differences() -> None:
+    from workbench.analysis.findings import study_findings
+
+    det = records("det-r0")
+    runs = {"det-r0": det, "det-r1": RunRecords("det-r1", det.fingerprints, det.stats, det.model),
+            "nondet-r0": det,
+            "nondet-r1": perturb(det, "nondet-r1", step=1, site="grad:embedding.word_embeddings.weight"),
+            "tp2": perturb(det, "tp2", step=0, site="act:layers.0.mlp", factor=1.01)}
+    lines = study_findings(runs, reference="det-r0")
+    assert lines[0].startswith("repeats det-r0 vs det-r1: bitwise identical")
+    assert "first differ at step 1, site grad:embedding.word_embeddings.weight" in lines[1]
+    assert lines[2].startswith("tp2 vs det-r0: first differ at step 0, site act:layers.0.mlp")
+    assert "nondeterministic repeats:" in lines[2]

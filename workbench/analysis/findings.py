@@ -1,0 +1,53 @@
+"""Findings of a study in sentences: which runs repeat bitwise, where the others first differ.
+
+``study_findings`` takes the records of a study's runs by name and a reference run and
+compares every run with the reference (repeats with their first repeat); the demo prints
+the result. Pure: records in, sentences out.
+"""
+
+from __future__ import annotations
+
+import re
+
+from workbench.analysis.compare import Comparison, compare
+from workbench.analysis.records import RunRecords
+
+_REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
+
+
+def _largest(result: Comparison) -> float:
+    rel = result.relative_difference.sel(stat="l2").isel(step=-1)
+    return float(rel.max(skipna=True)) if rel.size else 0.0
+
+
+def describe(result: Comparison, label: str) -> str:
+    if result.identical:
+        return (f"{label}: bitwise identical at all {len(result.common_steps)} recorded steps x "
+                f"{len(result.common_sites)} sites")
+    origins = ", ".join(result.origin_sites[:3]) + (" ..." if len(result.origin_sites) > 3 else "")
+    return (f"{label}: first differ at step {result.first_step}, site {result.first_site} "
+            f"(origins: {origins}); at the last step the largest relative L2 difference is {_largest(result):.2e}")
+
+
+def study_findings(records: dict[str, RunRecords], reference: str) -> list[str]:
+    """One sentence per comparison: repeats against their first repeat, every other run against ``reference``."""
+    lines = []
+    groups: dict[str, list[str]] = {}
+    for name in records:
+        match = _REPEAT.match(name)
+        if match:
+            groups.setdefault(match["base"], []).append(name)
+    for names in groups.values():
+        first, *others = sorted(names)
+        for other in others:
+            lines.append(describe(compare(records[first], records[other]), f"repeats {first} vs {other}"))
+    noise = [compare(records[sorted(n)[0]], records[sorted(n)[1]]) for n in groups.values() if len(n) > 1]
+    floor = max((_largest(r) for r in noise if not r.identical), default=None)
+    for name, run in records.items():
+        if name == reference or _REPEAT.match(name):
+            continue
+        line = describe(compare(records[reference], run), f"{name} vs {reference}")
+        if floor is not None and not line.endswith("sites"):
+            line += f" (nondeterministic repeats: {floor:.2e})"
+        lines.append(line)
+    return lines
