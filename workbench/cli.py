@@ -4,6 +4,7 @@
     workbench sweep STUDY.toml [--out DIR]
     workbench demo [--out DIR]
     workbench ls DIR
+    workbench study DIR
     workbench compare A B [--json]
     workbench check RUN --golden REF [--steps N] [--rtol X]
 
@@ -87,17 +88,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.analysis.findings import study_findings
-    from workbench.store.reader import open_run
-
     with resources.as_file(resources.files("workbench") / "examples" / "demo.toml") as study_file:
-        folders = _run_study_file(study_file, args.out)
+        _run_study_file(study_file, args.out)
     print()
-    _cmd_ls(argparse.Namespace(directory=args.out))
-    print("\nfindings:")
-    records = {folder.name: open_run(folder).records() for folder in folders}
-    for line in study_findings(records, reference="det-r0"):
-        print(f"- {line}")
+    return _cmd_study(argparse.Namespace(directory=args.out))
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from workbench.study_report import summarise_study
+
+    print(summarise_study(args.directory).text())
     return 0
 
 
@@ -176,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls = verbs.add_parser("ls", help="list the runs under a folder")
     ls.add_argument("directory", type=Path)
     ls.set_defaults(func=_cmd_ls)
+
+    study = verbs.add_parser("study", help="summarise a folder of runs: findings, noise floor, determinism cost")
+    study.add_argument("directory", type=Path)
+    study.set_defaults(func=_cmd_study)
 
     cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site)")
     cmp.add_argument("a", type=Path)

@@ -48,3 +48,16 @@ def test_golden_check_within_tolerance_on_a_layout_change(runs: Runs) -> None:
     dp = open_run(runs.get("dp2", **LAYOUTS["dp2"])).records()
     assert not golden_check(dp, base).passed          # not bitwise
     assert golden_check(dp, base, steps=1, rtol=1e-3).passed  # but within 1e-3 at step 0
+
+
+def test_study_summary_of_a_folder_of_real_runs(runs: Runs) -> None:
+    for name, overrides in (("base", {}), ("base-repeat", {}), ("nondet-a", {"deterministic": False}),
+                            ("nondet-b", {"deterministic": False}), ("tp2", LAYOUTS["tp2"])):
+        runs.get(name, **overrides)
+    result = subprocess.run([sys.executable, "-m", "workbench.cli", "study", str(runs.root)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "findings (reference base):" in out
+    assert "tp2 vs base: first differ at step 0, site act:layers.0.self_attention" in out
+    assert "cost of deterministic mode" in out and "L2 H64 TP1-PP1-DP1 fp32" in out
