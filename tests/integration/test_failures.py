@@ -38,23 +38,28 @@ def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.Mon
     assert run.steps_completed <= 2
 
 
-def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
-    cfg_path = tmp_path / "long.toml"
-    cfg_path.write_text(
-        'name = "long"\nsteps = 2000\nglobal_batch_size = 4\nmicro_batch_size = 2\nflush_every = 5\n'
-        "[model]\nnum_layers = 2\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 16\n"
-        "[layout]\ndp = 2\n[record]\ncompile = false\nkinds = [\"param\", \"act\", \"grad\"]\n")
+def _start_run(tmp_path: Path, name: str, config: str, steps: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """``workbench run`` of ``config`` in the background, once it has written ``steps`` steps."""
+    cfg_path = tmp_path / f"{name}.toml"
+    cfg_path.write_text(f'name = "{name}"\n{config}')
     launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_dir = tmp_path / "long"
+    run_dir = tmp_path / name
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if (run_dir / "run.zarr").exists() and open_run(run_dir).steps_completed >= 20:
-            break
+        if (run_dir / "run.zarr").exists() and open_run(run_dir).steps_completed >= steps:
+            return launcher, run_dir
         time.sleep(0.2)
-    else:
-        launcher.kill()
-        pytest.fail("the run did not write 20 steps in 120 s")
+    launcher.kill()
+    pytest.fail(f"the run did not write {steps} steps in 120 s")
+
+
+def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
+    launcher, run_dir = _start_run(
+        tmp_path, "long",
+        "steps = 2000\nglobal_batch_size = 4\nmicro_batch_size = 2\nflush_every = 5\n"
+        "[model]\nnum_layers = 2\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 16\n"
+        "[layout]\ndp = 2\n[record]\ncompile = false\nkinds = [\"param\", \"act\", \"grad\"]\n", steps=20)
     for pid in [launcher.pid, *_worker_pids(run_dir)]:
         os.kill(pid, signal.SIGKILL)
     launcher.wait()
@@ -74,16 +79,11 @@ def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
 
 
 def test_orphaned_ranks_exit_when_the_launcher_dies(tmp_path: Path) -> None:
-    cfg_path = tmp_path / "orphan.toml"
-    cfg_path.write_text('name = "orphan"\nsteps = 5000\nglobal_batch_size = 2\nmicro_batch_size = 1\n'
-                        "[model]\nnum_layers = 1\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\n"
-                        "seq_length = 8\n[layout]\ndp = 2\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_dir = tmp_path / "orphan"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not ((run_dir / "run.zarr").exists() and open_run(run_dir).steps_completed):
-        time.sleep(0.2)
+    launcher, run_dir = _start_run(
+        tmp_path, "orphan",
+        "steps = 5000\nglobal_batch_size = 2\nmicro_batch_size = 1\n"
+        "[model]\nnum_layers = 1\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 8\n"
+        "[layout]\ndp = 2\n", steps=1)
     assert _worker_pids(run_dir)
     launcher.kill()
     launcher.wait()
