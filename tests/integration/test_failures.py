@@ -38,10 +38,15 @@ def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.Mon
     assert run.steps_completed <= 2
 
 
-def _start_run(tmp_path: Path, name: str, config: str, steps: int) -> tuple[subprocess.Popen[bytes], Path]:
-    """``workbench run`` of ``config`` in the background, once it has written ``steps`` steps."""
+def _start_run(tmp_path: Path, name: str, steps: int, *, total: int, batch: int, layers: int, seq: int,
+               extra: str = "") -> tuple[subprocess.Popen[bytes], Path]:
+    """``workbench run`` of a small DP=2 config in the background, once it has written ``steps`` steps."""
     cfg_path = tmp_path / f"{name}.toml"
-    cfg_path.write_text(f'name = "{name}"\n{config}')
+    cfg_path.write_text(
+        f'name = "{name}"\nsteps = {total}\nglobal_batch_size = {2 * batch}\nmicro_batch_size = {batch}\n{extra}'
+        f"[model]\nnum_layers = {layers}\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\n"
+        f"seq_length = {seq}\n[layout]\ndp = 2\n"
+        '[record]\ncompile = false\nkinds = ["param", "act", "grad"]\n')
     launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / name
@@ -55,11 +60,8 @@ def _start_run(tmp_path: Path, name: str, config: str, steps: int) -> tuple[subp
 
 
 def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
-    launcher, run_dir = _start_run(
-        tmp_path, "long",
-        "steps = 2000\nglobal_batch_size = 4\nmicro_batch_size = 2\nflush_every = 5\n"
-        "[model]\nnum_layers = 2\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 16\n"
-        "[layout]\ndp = 2\n[record]\ncompile = false\nkinds = [\"param\", \"act\", \"grad\"]\n", steps=20)
+    launcher, run_dir = _start_run(tmp_path, "long", 20, total=2000, batch=2, layers=2, seq=16,
+                                   extra="flush_every = 5\n")
     for pid in [launcher.pid, *_worker_pids(run_dir)]:
         os.kill(pid, signal.SIGKILL)
     launcher.wait()
@@ -79,11 +81,7 @@ def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
 
 
 def test_orphaned_ranks_exit_when_the_launcher_dies(tmp_path: Path) -> None:
-    launcher, run_dir = _start_run(
-        tmp_path, "orphan",
-        "steps = 5000\nglobal_batch_size = 2\nmicro_batch_size = 1\n"
-        "[model]\nnum_layers = 1\nhidden_size = 32\nnum_attention_heads = 2\nvocab_size = 64\nseq_length = 8\n"
-        "[layout]\ndp = 2\n", steps=1)
+    launcher, run_dir = _start_run(tmp_path, "orphan", 1, total=5000, batch=1, layers=1, seq=8)
     assert _worker_pids(run_dir)
     launcher.kill()
     launcher.wait()

@@ -75,6 +75,11 @@ def test_stats_and_fingerprints_of_merged_shards_equal_those_of_the_gathered_ten
         np.testing.assert_array_equal(recorded[exact], expected[exact], err_msg=site)
         np.testing.assert_allclose(recorded, expected, rtol=1e-9, err_msg=site)
         assert int(fingerprints[site]) == fingerprint_reference(full.astype(np.float32)), site
+    # Each piece is its own chunk (one micro-batch x one vocabulary shard): no two writers share one.
+    import zarr
+
+    logits = zarr.open_array(run.paths.store / "snapshots/step_000001/act/output_layer", mode="r")
+    assert logits.shape == (8, 32, 128) and logits.chunks == (2, 32, 64)
     # The parameter snapshot is the full tensor the checkpoint reassembles from its shards.
     params = load_full_params(run.path / "checkpoints" / "step_000001")
     np.testing.assert_array_equal(run.snapshot(1, "param:output_layer.weight"), params["output_layer.weight"].numpy())

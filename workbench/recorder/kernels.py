@@ -145,13 +145,12 @@ def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: floa
 
     ``fused``: the native kernel for CPU tensors, the compiled one elsewhere; otherwise eager.
     """
-    x = x.detach().contiguous()
-    if x.numel() == 0:
-        return
     if fused and x.device.type == "cpu":
-        native().accumulate(x, coords, tiny, largest, acc, lanes)
+        x = x.detach().contiguous()
+        if x.numel():
+            native().accumulate(x, coords, tiny, largest, acc, lanes)
         return
-    sums, maxes, part = (compiled() if fused else eager())(x, coords, tiny, largest)
+    sums, maxes, part = partial_stats(x, coords, tiny, largest, fn=compiled() if fused else eager())
     acc[:8] += sums
     torch.maximum(acc[8:], maxes, out=acc[8:])
     lanes += part

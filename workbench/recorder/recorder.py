@@ -108,8 +108,10 @@ class _PendingStep:
 @dataclass
 class _Snapshot:
     path: str
-    placement: Placement
-    values: np.ndarray     # in full-dimension order
+    full_shape: tuple[int, ...]
+    chunks: tuple[int, ...]       # this piece's shape in full-dimension order: its own chunk
+    region: tuple[slice, ...]     # where the piece sits in the full tensor
+    values: np.ndarray            # in full-dimension order
     source_dtype: str
 
 
@@ -283,8 +285,11 @@ class Recorder:
             # before the writer thread reads it.
             dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
             values = placement.to_full_order(tensor.detach()).to("cpu", dtype, copy=True)
-            self._state.snapshots.append(_Snapshot(layout.snapshot_path(self._step, kind, name), placement,
-                                                   values.numpy(), str(tensor.dtype).removeprefix("torch.")))
+            local_shape = tuple(tensor.shape)
+            self._state.snapshots.append(_Snapshot(
+                layout.snapshot_path(self._step, kind, name), placement.full_shape,
+                placement.chunk_shape(local_shape), placement.region(local_shape), values.numpy(),
+                str(tensor.dtype).removeprefix("torch.")))
 
     @_timed
     def step_begin(self, step: int) -> None:
@@ -402,8 +407,7 @@ class Recorder:
         self._seconds += time.perf_counter() - start
 
     def _write_snapshots(self, snapshots: list[_Snapshot]) -> None:
-        meta = [(s.path, s.placement.full_shape, s.placement.chunk_shape(s.values.shape), s.source_dtype,
-                 str(s.values.dtype)) for s in snapshots]
+        meta = [(s.path, s.full_shape, s.chunks, s.source_dtype, str(s.values.dtype)) for s in snapshots]
         gathered = _all_gather_objects(meta)
         if self._rank == 0:
             created = set()
@@ -415,7 +419,7 @@ class Recorder:
             dist.barrier()
         for snap in snapshots:
             self._background().submit(functools.partial(write_snapshot_region, self._run_dir, snap.path,
-                                                        _full_region(snap), snap.values))
+                                                        snap.region, snap.values))
 
     def _background(self) -> BackgroundWriter:
         if self._writer is None:
@@ -448,15 +452,6 @@ def _layer_number(name: str) -> int:
     """Global layer of a site name, -1 outside the transformer layers (the stored convention)."""
     layer = layer_of(name)
     return -1 if layer is None else layer
-
-
-def _full_region(snap: _Snapshot) -> tuple[slice, ...]:
-    """The region of the full tensor covered by a snapshot piece (values already in full order)."""
-    p = snap.placement
-    offsets = [0] * len(p.full_shape)
-    for k, full_dim in enumerate(p.dims):
-        offsets[full_dim] = p.offsets[k]
-    return tuple(slice(o, o + size) for o, size in zip(offsets, snap.values.shape))
 
 
 def _all_gather_objects(obj: Any) -> list[Any]:
