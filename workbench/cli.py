@@ -7,6 +7,7 @@
     workbench study DIR
     workbench compare A B [--json]
     workbench check RUN --golden REF [--steps N] [--rtol X]
+    workbench resume-check RESUMED REFERENCE [--from-step K]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -116,11 +117,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     import json
 
     from workbench.analysis import compare
+    from workbench.analysis.growth import amplification
     from workbench.store.reader import open_run
 
     result = compare(open_run(args.a).records(), open_run(args.b).records())
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        print(json.dumps({**result.to_dict(), "growth_log10_per_step": _finite_or_none(amplification(result).rate)},
+                         indent=1))
         return 0
     for warning in result.warnings:
         print(f"warning: {warning}")
@@ -136,6 +139,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(f"first divergent site: {result.first_site}")
     print(f"origin sites at that step: {', '.join(result.origin_sites)}")
     print(f"sites that ever differ: {len(result.frontier)} of {len(result.common_sites)}")
+    growth = amplification(result)
+    if growth.rate == growth.rate:  # not NaN: at least two steps with a difference
+        print(f"growth of the relative L2 difference after step {result.first_step}: {growth.rate:+.3f} decades "
+              f"per step (median over sites: {growth.overall.loc[result.first_step]:.2e} at step "
+              f"{result.first_step}, {growth.overall.iloc[-1]:.2e} at step {result.common_steps[-1]})")
     print("largest relative differences of the L2 norm at the last common step:")
     for site, value in result.largest_differences().items():
         print(f"  {value:10.3e}  {site}")
@@ -150,6 +158,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
                          rtol=args.rtol)
     print(check.summary())
     return 0 if check.passed else 1
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _cmd_resume_check(args: argparse.Namespace) -> int:
+    from workbench.analysis.resume import resume_check
+    from workbench.store.reader import open_run
+
+    check = resume_check(open_run(args.resumed).records(), open_run(args.reference).records(),
+                         from_step=args.from_step)
+    print(check.summary())
+    return 0 if check.identical else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--rtol", type=float, default=None, help="compare statistics within this relative "
                        "tolerance instead of fingerprints bitwise")
     check.set_defaults(func=_cmd_check)
+
+    resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
+                              "resume step on (exit 1 if it differs)")
+    resume.add_argument("resumed", type=Path)
+    resume.add_argument("reference", type=Path, help="the uninterrupted run")
+    resume.add_argument("--from-step", type=int, default=None, metavar="K",
+                        help="check from step K (default: the step the run was resumed from)")
+    resume.set_defaults(func=_cmd_resume_check)
     return parser
 
 

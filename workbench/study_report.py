@@ -14,7 +14,8 @@ import pandas as pd
 
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.findings import study_findings
-from workbench.analysis.growth import leaves_floor, noise_floor
+from workbench.analysis.growth import noise_floor
+from workbench.analysis.ladder import Ladder, ladder
 from workbench.config import RunConfig
 from workbench.errors import NoSitesError, RunNotFoundError
 from workbench.store.reader import Run, find_runs, list_runs, open_run
@@ -28,17 +29,23 @@ class StudySummary:
     reference: str
     findings: list[str]
     floor_runs: list[str]
-    floor: pd.DataFrame
-    """One row per run checked against the noise floor: inside, first_step, first_site."""
+    ladder: Ladder | None
+    """Every other run (precision, layout) against the reference, per layer, with the noise floor."""
     cost: pd.DataFrame
 
     def text(self) -> str:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
                  f"findings (reference {self.reference}):"]
         lines += [f"- {line}" for line in self.findings]
-        if self.floor_runs:
-            lines += ["", f"noise floor of {', '.join(self.floor_runs)} (statistics sum_sq, min, max):",
-                      self.floor.to_string(index=False)]
+        if self.ladder is not None:
+            floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
+            table = self.ladder.summary.drop(columns=["identical", "floor_exit_site"]).rename(columns={
+                "floor_exit_step": "leaves_floor_at", "floor_exit_layer": "leaves_floor_in",
+                "growth": "growth_log10/step", "final_error": "final_rel_l2"})
+            lines += ["", f"precision and layout against {self.reference} ({floor}; statistics sum_sq, min, max):",
+                      table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), "",
+                      "relative L2 difference at the last step, median over each layer's sites:",
+                      self.ladder.final_by_layer().to_string(float_format=lambda x: f"{x:.2e}")]
         if not self.cost.empty:
             lines += ["", "cost of deterministic mode (tokens/s, recorder excluded; 95% bootstrap interval):",
                       self.cost.to_string(index=False, float_format=lambda x: f"{x:.1f}")]
@@ -82,19 +89,12 @@ def summarise_study(directory: str | Path) -> StudySummary:
     if floor_runs and reference in records and \
             configuration(runs[reference].config) == configuration(runs[floor_runs[0]].config):
         floor_runs = [reference, *floor_runs]
-    rows = []
-    if len(floor_runs) >= 2:
-        floor = noise_floor([records[n] for n in floor_runs])
-        for name, rec in records.items():
-            if name in floor_runs:
-                continue
-            check = leaves_floor(rec, floor)
-            rows.append({"run": name, "inside": check.inside, "first_step": check.first_step,
-                         "first_site": check.first_site})
+    floor = noise_floor([records[n] for n in floor_runs]) if len(floor_runs) >= 2 else None
+    others = [rec for name, rec in records.items()
+              if name != reference and name not in floor_runs and not _REPEAT.match(name) and not rec.resumes]
+    comparisons = ladder(records[reference], others, floor=floor) if reference in records and others else None
     samples = [ThroughputSample(configuration(run.config), run.config.deterministic,
                                 run.scalars.tokens_per_s.to_numpy()) for run in runs.values()]
     return StudySummary(runs=list_runs(directory), reference=reference, findings=findings,
-                        floor_runs=floor_runs if len(floor_runs) >= 2 else [],
-                        floor=pd.DataFrame(rows, columns=["run", "inside", "first_step", "first_site"])
-                        .astype({"first_step": "Int64"}),
+                        floor_runs=floor_runs if floor is not None else [], ladder=comparisons,
                         cost=determinism_cost(samples))

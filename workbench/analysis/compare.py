@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 
@@ -137,37 +138,60 @@ def origin_sites(equal_at_step: pd.Series) -> list[str]:
 
 
 def compare(a: RunRecords, b: RunRecords) -> Comparison:
-    """Align two runs and locate their first difference (see the module docstring)."""
+    """Align two runs and locate their first difference (see the module docstring).
+
+    Equality, the first divergence and the frontier come from the fingerprints alone
+    (numpy, in memory); the relative differences of the statistics stay as lazy as the
+    runs' statistics are (``Run.records()`` gives Dask-backed arrays), so a comparison of
+    stores larger than memory computes only what is asked of it.
+    """
     warnings = _check_comparable(a, b)
     steps = sorted(set(a.steps) & set(b.steps))
-    sites = [s for s in a.sites if s in set(b.sites)]  # a's execution order
+    in_b = set(b.sites)
+    sites = [s for s in a.sites if s in in_b]  # a's execution order
     if not steps:
         raise IncomparableRunsError(f"{a.name} and {b.name} have no recorded step in common "
                                     f"({a.name}: {_span(a.steps)}, {b.name}: {_span(b.steps)})")
     if not sites:
         raise IncomparableRunsError(f"{a.name} and {b.name} recorded no site in common; "
                                     "record the same kinds and sites in both")
-    fa = a.fingerprints.loc[steps, sites]
-    fb = b.fingerprints.loc[steps, sites]
-    equal = pd.DataFrame(fa.to_numpy() == fb.to_numpy(), index=fa.index, columns=sites)
-    differing_steps = equal.index[~equal.all(axis=1)]
-    first_step = int(differing_steps[0]) if len(differing_steps) else None
-    first_site = None
+    equal_values = _aligned(a.fingerprints, steps, sites) == _aligned(b.fingerprints, steps, sites)  # [step, site]
+    equal = pd.DataFrame(equal_values, index=pd.Index(steps, name="step"), columns=sites)
+    differs = ~equal_values
+    differing_rows = np.flatnonzero(differs.any(axis=1))
+    first_step = first_site = None
     origins: list[str] = []
-    if first_step is not None:
-        row = equal.loc[first_step]
-        first_site = str(row.index[~row.to_numpy()][0])
+    if len(differing_rows):
+        row = equal.iloc[int(differing_rows[0])]
+        first_step = steps[int(differing_rows[0])]
+        first_site = sites[int(np.argmax(differs[differing_rows[0]]))]
         origins = origin_sites(row)
-    differs = ~equal
-    frontier = differs.idxmax().where(differs.any()).dropna().astype(int)
-    sa = a.stats.sel(step=steps, site=sites)
-    sb = b.stats.sel(step=steps, site=sites)
+    ever = differs.any(axis=0)
+    frontier = pd.Series(np.asarray(steps)[differs.argmax(axis=0)[ever]], index=pd.Index(sites)[ever], dtype=int)
+    only_sites_a = [s for s in a.sites if s not in in_b]
+    in_a = set(a.sites)
     return Comparison(
         a=a.name, b=b.name, common_steps=steps, common_sites=sites,
-        only_in_a={"steps": sorted(set(a.steps) - set(steps)), "sites": [s for s in a.sites if s not in sites]},
-        only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in sites]},
+        only_in_a={"steps": sorted(set(a.steps) - set(steps)), "sites": only_sites_a},
+        only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
         equal=equal, first_step=first_step, first_site=first_site, origin_sites=origins, frontier=frontier,
-        relative_difference=relative_difference(sa, sb), warnings=warnings)
+        relative_difference=relative_difference(_aligned_stats(a.stats, steps, sites),
+                                                _aligned_stats(b.stats, steps, sites)),
+        warnings=warnings)
+
+
+def _aligned(frame: pd.DataFrame, steps: list[int], sites: list[str]) -> np.ndarray:
+    """``frame``'s values on ``steps`` x ``sites``, without a copy when they are already in that order."""
+    if list(frame.index) == steps and list(frame.columns) == sites:
+        return frame.to_numpy()
+    return frame.loc[steps, sites].to_numpy()
+
+
+def _aligned_stats(stats: xr.DataArray, steps: list[int], sites: list[str]) -> xr.DataArray:
+    if stats.sizes["step"] == len(steps) and stats.sizes["site"] == len(sites) and \
+            stats["step"].to_numpy().tolist() == steps and stats["site"].to_numpy().tolist() == sites:
+        return stats  # no fancy indexing: keeps a lazy array's chunks as they are
+    return stats.sel(step=steps, site=sites)
 
 
 def _span(steps: list[int]) -> str:

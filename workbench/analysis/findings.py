@@ -1,8 +1,8 @@
 """Findings of a study in sentences: which runs repeat bitwise, where the others first differ.
 
 ``study_findings`` takes the records of a study's runs by name and a reference run and
-compares every run with the reference (repeats with their first repeat); the demo prints
-the result. Pure: records in, sentences out.
+compares every run with the reference (repeats with their first repeat; a resumed run from
+its resume step on); the demo prints the result. Pure: records in, sentences out.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.records import RunRecords
+from workbench.analysis.resume import resume_check
 
 _REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
 
@@ -45,6 +46,9 @@ def study_findings(records: dict[str, RunRecords], reference: str) -> list[str]:
     floor = max((_largest(r) for r in noise if not r.identical), default=None)
     for name, run in records.items():
         if name == reference or _REPEAT.match(name):
+            continue
+        if run.resumes:
+            lines.append(resume_check(run, records[reference]).summary())
             continue
         line = describe(compare(records[reference], run), f"{name} vs {reference}")
         if floor is not None and not line.endswith("sites"):

@@ -24,6 +24,8 @@ class RunRecords:
     model: dict[str, Any] = field(default_factory=dict)
     """The model section of the run's config: runs with different shapes cannot be compared."""
     status: str = "complete"
+    resumes: tuple[int, ...] = ()
+    """Steps from which the run was resumed from a checkpoint (its manifest's ``resumes``)."""
 
     @property
     def sites(self) -> list[str]:

@@ -146,11 +146,14 @@ class Run:
                             columns=layout.array(group, layout.SITE_DIM)[:],
                             index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
 
-    def records(self) -> RunRecords:
-        """Fingerprints and statistics in memory, for ``workbench.analysis``."""
-        sites = self.sites()
-        return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=sites["stats"].load(),
-                          model=dict(self.manifest["config"]["model"]), status=self.status)
+    def records(self, *, lazy: bool = True) -> RunRecords:
+        """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read
+        chunk by chunk when a result needs them, so stores larger than memory work) unless
+        ``lazy=False`` loads them."""
+        stats = self.sites()["stats"]
+        return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=stats if lazy else stats.load(),
+                          model=dict(self.manifest["config"]["model"]), status=self.status,
+                          resumes=tuple(int(s) for s in self.manifest.get("resumes", [])))
 
     def snapshot(self, step: int, site: str) -> np.ndarray:
         """The full tensor of ``site`` ("kind:name") recorded at ``step``."""

@@ -25,8 +25,7 @@ from workbench.manifest import new_manifest
 from workbench.sites import site_id
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
-from workbench.store.writer import ScalarWriter, SiteInfo, create_sites_group, create_store, set_status, \
-    write_site_rows
+from workbench.store.writer import ScalarWriter, SiteInfo, create_sites_group, create_store, set_status, write_site_rows
 
 _PARAMETERS = ("input_layernorm.weight", "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
                "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",

@@ -1,0 +1,116 @@
+"""Analysis at scale: a pair of 10,000-step x 1,000-site run stores, opened and compared.
+
+    python benchmarks/scale.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
+
+Writes (once) two synthetic stores that diverge at a known step and site
+(``workbench.store.synthetic``), then measures in this process, median of ``--repeats``:
+opening both runs and reading their fingerprints, finding the first divergence (step,
+then site) and the frontier, and the peak resident memory. Then, in a child process whose
+address space is capped below the size of the two runs' statistics, it shows that
+loading those statistics fails while the lazy (xarray + Dask) reduction of their relative
+differences over all steps succeeds. Timings are with the stores in the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DIVERGE_AT = (4_000, 317)
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def ensure_pair(directory: Path, steps: int, sites: int) -> tuple[Path, Path, tuple[int, int]]:
+    from workbench.store.synthetic import write_synthetic_run
+
+    diverge_at = (min(DIVERGE_AT[0], steps // 2), min(DIVERGE_AT[1], sites // 2))
+    a, b = directory / f"a-{steps}x{sites}", directory / f"b-{steps}x{sites}"
+    for path, kwargs in ((a, {}), (b, {"diverge_at": diverge_at})):
+        if not (path / "run.zarr" / "zarr.json").is_file():
+            start = time.perf_counter()
+            write_synthetic_run(path, steps=steps, sites=sites, seed=0, **kwargs)  # type: ignore[arg-type]
+            print(f"wrote {path} in {time.perf_counter() - start:.1f} s", flush=True)
+    return a, b, diverge_at
+
+
+def measure(a: Path, b: Path, diverge_at: tuple[int, int], repeats: int) -> None:
+    from workbench.analysis import compare
+    from workbench.store.reader import open_run
+
+    opened, compared = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ra, rb = open_run(a).records(), open_run(b).records()
+        mid = time.perf_counter()
+        result = compare(ra, rb)
+        end = time.perf_counter()
+        opened.append(mid - start)
+        compared.append(end - mid)
+        expected_site = ra.sites[diverge_at[1]]
+        if (result.first_step, result.first_site) != (diverge_at[0], expected_site):
+            raise SystemExit(f"wrong answer: {result.first_step}, {result.first_site}; expected {diverge_at[0]}, "
+                             f"{expected_site}")
+    steps, sites = ra.fingerprints.shape
+    size = sum(f.stat().st_size for p in (a, b) for f in (p / "run.zarr").rglob("*") if f.is_file())
+    print(f"\n{steps} steps x {sites} sites per run, {size / 2**20:.0f} MiB on disk for the pair "
+          f"(statistics {2 * ra.stats.nbytes / 2**30:.2f} GiB uncompressed)")
+    print(f"open both runs + read fingerprints (median of {repeats}): {statistics.median(opened):.3f} s")
+    print(f"first divergence + frontier + origins  (median of {repeats}): {statistics.median(compared):.3f} s "
+          f"-> step {result.first_step}, site {result.first_site}, {len(result.frontier)} sites in the frontier")
+    print(f"peak resident memory: {_peak_rss_mb():.0f} MiB")
+
+
+def lazy_child(a: Path, b: Path, cap_gib: float) -> None:
+    """Runs in a child process: the lazy reduction under an address-space cap, then an eager load."""
+    cap = int(cap_gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    from workbench.analysis import compare
+    from workbench.store.reader import open_run
+
+    ra, rb = open_run(a).records(), open_run(b).records()
+    start = time.perf_counter()
+    peak = compare(ra, rb).relative_difference.max("step").compute()  # [site, stat]; reads every chunk
+    print(f"lazy: largest relative difference per site and statistic over all steps {peak.shape} in "
+          f"{time.perf_counter() - start:.1f} s, peak resident memory {_peak_rss_mb():.0f} MiB")
+    try:
+        ra.stats.load()
+        rb.stats.load()
+        print("eager: loading both runs' statistics worked (raise the store size or lower the cap)")
+    except MemoryError:
+        print("eager: loading both runs' statistics into memory fails with MemoryError under this cap")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--sites", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-cap-gib", type=float, default=1.5,
+                        help="address-space cap of the lazy-analysis child process")
+    parser.add_argument("--lazy-child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.lazy_child:
+        lazy_child(*args.lazy_child, args.memory_cap_gib)
+        return
+    a, b, diverge_at = ensure_pair(args.dir, args.steps, args.sites)
+    measure(a, b, diverge_at, args.repeats)
+    print(f"\nchild process with its address space capped at {args.memory_cap_gib} GiB:", flush=True)
+    subprocess.run([sys.executable, __file__, "--lazy-child", str(a), str(b),
+                    "--memory-cap-gib", str(args.memory_cap_gib)], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Precision ladders and layout comparisons: several runs against one reference, per layer.
+
+    result = ladder(reference, [bf16, fp16], floor=noise_floor(repeats))
+    result.per_layer      # long table: run, layer, step, relative_error
+    result.summary        # one row per run: first divergence, where it leaves the noise floor
+
+A *layer* groups the sites of one transformer layer (``L0``, ``L1`` ...); sites outside
+the layers group by their top-level module (``embedding``, ``final_layernorm``,
+``output_layer``, ``loss``). A layer's relative error at a step is the median over its
+sites of the relative difference of one statistic (the L2 norm by default): the median,
+so one tiny bias cannot hide a layer and one large outlier cannot speak for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.compare import compare
+from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor
+from workbench.analysis.records import RunRecords
+from workbench.sites import layer_of, split_site
+
+_BEFORE_LAYERS = ("embedding",)
+
+
+def layer_label(site: str) -> str:
+    """``L<n>`` for a site inside transformer layer n, else its top-level module (``embedding`` ...)."""
+    kind, name = split_site(site)
+    layer = layer_of(name)
+    if layer is not None:
+        return f"L{layer}"
+    return kind if kind == "loss" else name.split(".", 1)[0]
+
+
+def layer_order(labels: list[str]) -> list[str]:
+    """Labels in model order: embedding, L0, L1, ..., then the rest (final norm, output layer, loss)."""
+    numbered = sorted({lb for lb in labels if lb[1:].isdigit() and lb[0] == "L"}, key=lambda lb: int(lb[1:]))
+    before = [lb for lb in _BEFORE_LAYERS if lb in labels]
+    after = sorted({lb for lb in labels} - set(numbered) - set(before))
+    return before + numbered + after
+
+
+@dataclass(frozen=True)
+class Ladder:
+    reference: str
+    stat: str
+    per_layer: pd.DataFrame
+    """Long table: run, layer, step, relative_error (median over the layer's sites)."""
+    summary: pd.DataFrame
+    """One row per run: identical, first_step, first_site, floor_exit_step, floor_exit_site,
+    floor_exit_layer (NA without a noise floor or when the run stays inside), growth (fitted
+    growth of the difference in log10 per step after the first divergence), final_error
+    (median over sites of the relative error at the last common step)."""
+
+    def final_by_layer(self) -> pd.DataFrame:
+        """run x layer: relative error at the last common step, layers in model order."""
+        last = self.per_layer[self.per_layer["step"] == self.per_layer.groupby("run")["step"].transform("max")]
+        table = last.pivot(index="run", columns="layer", values="relative_error")
+        return table[layer_order([str(c) for c in table.columns])]
+
+
+def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor | None = None,
+           stat: str = "l2") -> Ladder:
+    """Compare every run in ``others`` with ``reference``, per layer (see the module docstring)."""
+    frames, rows = [], []
+    for run in others:
+        result = compare(reference, run)
+        rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
+        labels = pd.Index([layer_label(s) for s in rel.columns], name="layer")
+        per_layer = rel.T.groupby(labels).median().T  # step x layer
+        long = per_layer.stack().rename("relative_error").reset_index()
+        long.insert(0, "run", run.name)
+        frames.append(long)
+        exit_step = exit_site = exit_layer = None
+        if floor is not None:
+            check = leaves_floor(run, floor)
+            if not check.inside:
+                exit_step, exit_site = check.first_step, check.first_site
+                exit_layer = layer_label(str(exit_site))
+        last = rel.iloc[-1].to_numpy(dtype=float)
+        rows.append({"run": run.name, "identical": result.identical, "first_step": result.first_step,
+                     "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,
+                     "floor_exit_layer": exit_layer, "growth": amplification(result, stat).rate,
+                     "final_error": float(np.nanmedian(last)) if np.isfinite(last).any() else float("nan")})
+    per_layer_all = (pd.concat(frames, ignore_index=True) if frames
+                     else pd.DataFrame(columns=["run", "layer", "step", "relative_error"]))
+    summary = pd.DataFrame(rows, columns=["run", "identical", "first_step", "first_site", "floor_exit_step",
+                                          "floor_exit_site", "floor_exit_layer", "growth", "final_error"])
+    return Ladder(reference.name, stat, per_layer_all,
+                  summary.astype({"first_step": "Int64", "floor_exit_step": "Int64"}))
