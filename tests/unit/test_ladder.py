@@ -19,7 +19,7 @@ def test_layer_labels_and_model_order() -> None:
     assert layer_label("param:output_layer.weight") == "output_layer"
     assert layer_label("loss:cross_entropy") == "loss"
     assert layer_order(["output_layer", "L10", "L2", "embedding", "loss"]) == \
-        ["embedding", "L2", "L10", "loss", "output_layer"]
+        ["embedding", "L2", "L10", "output_layer", "loss"]
 
 
 def test_ladder_finds_the_layer_that_leaves_the_noise_floor() -> None:

@@ -24,6 +24,7 @@ from workbench.analysis.records import RunRecords
 from workbench.sites import layer_of, split_site
 
 _BEFORE_LAYERS = ("embedding",)
+_AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")
 
 
 def layer_label(site: str) -> str:
@@ -36,11 +37,12 @@ def layer_label(site: str) -> str:
 
 
 def layer_order(labels: list[str]) -> list[str]:
-    """Labels in model order: embedding, L0, L1, ..., then the rest (final norm, output layer, loss)."""
+    """Labels in model order: embedding, L0, L1, ..., final norm, output layer, loss, then any others."""
     numbered = sorted({lb for lb in labels if lb[1:].isdigit() and lb[0] == "L"}, key=lambda lb: int(lb[1:]))
     before = [lb for lb in _BEFORE_LAYERS if lb in labels]
-    after = sorted({lb for lb in labels} - set(numbered) - set(before))
-    return before + numbered + after
+    after = [lb for lb in _AFTER_LAYERS if lb in labels]
+    rest = sorted(set(labels) - set(numbered) - set(before) - set(after))
+    return before + numbered + after + rest
 
 
 @dataclass(frozen=True)

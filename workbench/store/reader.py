@@ -165,6 +165,21 @@ class Run:
             raise KeyError(f"{self.path}: no snapshot of {site} at step {step}; "
                            "set record.snapshot_steps and record.snapshot_sites") from None
 
+    def snapshot_dtype(self, step: int, site: str) -> str:
+        """The dtype the tensor had in training (snapshots of 16-bit tensors are stored as float32)."""
+        kind, _, name = site.partition(":")
+        array = zarr.open_array(self.paths.store / layout.snapshot_path(step, kind, name), mode="r")
+        return str(array.attrs.get("source_dtype", array.dtype))
+
+    def snapshots(self) -> dict[int, list[str]]:
+        """Recorded snapshots: step -> sites ("kind:name")."""
+        root = self.paths.store / layout.SNAPSHOTS_GROUP
+        found: dict[int, list[str]] = {}
+        for meta in sorted(root.glob("step_*/*/*/zarr.json")):
+            step_dir, kind_dir, name_dir = meta.parent.parent.parent, meta.parent.parent, meta.parent
+            found.setdefault(int(step_dir.name.removeprefix("step_")), []).append(f"{kind_dir.name}:{name_dir.name}")
+        return found
+
     @property
     def final_loss(self) -> float:
         n = self.steps_completed
