@@ -13,8 +13,8 @@ def test_ulp_distance_float32_counts_representable_values() -> None:
     one = np.float32(1.0)
     up2 = np.nextafter(np.nextafter(one, np.float32(2)), np.float32(2))
     a = np.array([one, one, -0.0, 0.0, -1.0, np.nan, np.inf], dtype=np.float32)
-    b = np.array([one, up2, 0.0, np.nextafter(np.float32(0), np.float32(1)), np.nextafter(np.float32(-1), np.float32(0)),
-                  1.0, np.inf], dtype=np.float32)
+    tiny = np.nextafter(np.float32(0), np.float32(1))
+    b = np.array([one, up2, 0.0, tiny, np.nextafter(np.float32(-1), np.float32(0)), 1.0, np.inf], dtype=np.float32)
     assert ulp_distance(a, b).tolist() == [0, 2, 0, 1, 1, -1, 0]
     # across zero: the smallest negative and smallest positive subnormal are two apart
     tiny = np.nextafter(np.float32(0), np.float32(1))
