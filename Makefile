@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or pass PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[train,test]"
+	$(BIN)/python -m pip install --quiet -e ".[train,notebooks,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)

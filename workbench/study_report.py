@@ -1,12 +1,11 @@
 """A study folder summarised: its runs, where they differ, the noise floor and the cost of determinism.
 
-Opens every run under a folder (I/O lives here, not in ``workbench.analysis``) and hands
-their records to the analysis functions. ``workbench study DIR`` and the demo print it.
+Opens every run under a folder as a ``Workspace`` (which also finds the reference and the
+noise-floor runs) and hands their records to the analysis functions. ``workbench study DIR`` and the demo print it.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,13 +13,10 @@ import pandas as pd
 
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.findings import study_findings
-from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import Ladder, ladder
-from workbench.config import RunConfig
-from workbench.errors import NoSitesError, RunNotFoundError
-from workbench.store.reader import Run, find_runs, list_runs, open_run
-
-_REPEAT = re.compile(r"^(?P<base>.+)-r\d+$")
+from workbench.errors import RunNotFoundError
+from workbench.store.reader import find_runs, list_runs
+from workbench.workspace import Workspace, configuration
 
 
 @dataclass(frozen=True)
@@ -52,49 +48,16 @@ class StudySummary:
         return "\n".join(lines)
 
 
-def configuration(cfg: RunConfig) -> str:
-    """A configuration apart from its determinism switch and name."""
-    m = cfg.model
-    return f"L{m.num_layers} H{m.hidden_size} {cfg.layout.summary()} {cfg.precision.value}"
-
-
-def _reference(runs: dict[str, Run]) -> str:
-    if "det-r0" in runs:
-        return "det-r0"
-    plain = [n for n, r in runs.items() if r.config.deterministic and r.config.layout.world_size == 1
-             and r.config.precision.value == "fp32"]
-    return plain[0] if plain else next(iter(runs))
-
-
 def summarise_study(directory: str | Path) -> StudySummary:
-    folders = find_runs(directory)
-    if not folders:
+    if not find_runs(directory):
         raise RunNotFoundError(f"{directory}: no runs here; create some with `workbench sweep STUDY.toml`")
-    runs = {folder.name: open_run(folder) for folder in folders}
-    records = {}
-    for name, run in runs.items():
-        try:
-            records[name] = run.records()
-        except NoSitesError:
-            continue
-    reference = _reference(runs)
+    ws = Workspace.open(directory)
+    records = {name: ws.records(name) for name in ws.recorded}
+    reference = ws.reference
     findings = study_findings(records, reference) if reference in records else []
-    repeats: dict[str, list[str]] = {}
-    for name in records:
-        match = _REPEAT.match(name)
-        if match and not runs[name].config.deterministic:
-            repeats.setdefault(match["base"], []).append(name)
-    floor_runs = max(repeats.values(), key=len, default=[])
-    # The reference is one more sample of the same computation when only determinism differs.
-    if floor_runs and reference in records and \
-            configuration(runs[reference].config) == configuration(runs[floor_runs[0]].config):
-        floor_runs = [reference, *floor_runs]
-    floor = noise_floor([records[n] for n in floor_runs]) if len(floor_runs) >= 2 else None
-    others = [rec for name, rec in records.items()
-              if name != reference and name not in floor_runs and not _REPEAT.match(name) and not rec.resumes]
-    comparisons = ladder(records[reference], others, floor=floor) if reference in records and others else None
+    others = [records[n] for n in ws.others]
+    comparisons = ladder(records[reference], others, floor=ws.floor) if reference in records and others else None
     samples = [ThroughputSample(configuration(run.config), run.config.deterministic,
-                                run.scalars.tokens_per_s.to_numpy()) for run in runs.values()]
-    return StudySummary(runs=list_runs(directory), reference=reference, findings=findings,
-                        floor_runs=floor_runs if floor is not None else [], ladder=comparisons,
-                        cost=determinism_cost(samples))
+                                run.scalars.tokens_per_s.to_numpy()) for run in ws.runs.values()]
+    return StudySummary(runs=list_runs(directory), reference=reference, findings=findings, floor_runs=ws.floor_runs,
+                        ladder=comparisons, cost=determinism_cost(samples))

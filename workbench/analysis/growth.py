@@ -21,6 +21,8 @@ import xarray as xr
 from workbench.analysis.compare import Comparison, IncomparableRunsError
 from workbench.analysis.records import RunRecords
 
+PLATEAU_DECADES = 0.5
+
 
 @dataclass(frozen=True)
 class Amplification:
@@ -30,15 +32,20 @@ class Amplification:
     overall: pd.Series
     """Median over sites of the relative difference, per step."""
     rate: float
-    """Fitted growth of ``overall`` in log10 per step from the first divergent step on (NaN if unknown)."""
+    """Fitted growth of ``overall`` in log10 per step over the growth phase: from the first divergent
+    step until it first comes within ``PLATEAU_DECADES`` of its largest value (NaN if unknown). A
+    chaotic amplification saturates; a fit over the plateau would report a rate near zero."""
+    intercept: float = float("nan")
+    """log10 of the fitted ``overall`` at step 0: the fit is 10 ** (intercept + rate * step)."""
 
 
-def _fit_rate(steps: np.ndarray, values: np.ndarray) -> float:
+def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    """(slope, intercept) of log10(values) against steps over the positive values; NaN with < 2 points."""
     keep = np.isfinite(values) & (values > 0)
     if keep.sum() < 2:
-        return float("nan")
-    slope, _ = np.polyfit(steps[keep].astype(float), np.log10(values[keep]), 1)
-    return float(slope)
+        return float("nan"), float("nan")
+    slope, intercept = np.polyfit(steps[keep].astype(float), np.log10(values[keep]), 1)
+    return float(slope), float(intercept)
 
 
 def amplification(result: Comparison, stat: str = "l2") -> Amplification:
@@ -52,13 +59,20 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
         rows.append({"site": site, "first_step": start,
                      "initial": values[0] if start is not None and len(values) else np.nan,
                      "final": values[-1] if len(values) else np.nan,
-                     "rate": _fit_rate(series.index.to_numpy(), values) if start is not None else np.nan})
+                     "rate": _fit(series.index.to_numpy(), values)[0] if start is not None else np.nan})
     per_site = pd.DataFrame(rows).set_index("site")
     overall = rel.median(axis=1, skipna=True)
     if result.first_step is None:
         return Amplification(stat, per_site, overall, float("nan"))
     after = overall.loc[result.first_step:]
-    return Amplification(stat, per_site, overall, _fit_rate(after.index.to_numpy(), after.to_numpy(dtype=float)))
+    values = after.to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log = np.log10(np.where(values > 0, values, np.nan))
+    if np.isfinite(log).any():  # the growth phase ends where the difference comes within half a decade of its peak
+        end = int(np.argmax(log >= np.nanmax(log) - PLATEAU_DECADES)) + 1
+        after = after.iloc[:max(end, 2)]
+    rate, intercept = _fit(after.index.to_numpy(), after.to_numpy(dtype=float))
+    return Amplification(stat, per_site, overall, rate, intercept)
 
 
 @dataclass(frozen=True)

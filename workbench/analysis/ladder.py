@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.compare import compare
+from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor
 from workbench.analysis.records import RunRecords
-from workbench.sites import layer_of, split_site
+from workbench.sites import SITE_KINDS, layer_of, split_site
 
 _BEFORE_LAYERS = ("embedding",)
 _AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")
@@ -43,6 +43,23 @@ def layer_order(labels: list[str]) -> list[str]:
     after = [lb for lb in _AFTER_LAYERS if lb in labels]
     rest = sorted(set(labels) - set(numbered) - set(before) - set(after))
     return before + numbered + after + rest
+
+
+def sites_in_model_order(sites: list[str]) -> list[str]:
+    """Sites grouped by layer (model order), then kind (order within a step), then execution order."""
+    layers = layer_order([layer_label(s) for s in sites])
+    rank = {label: i for i, label in enumerate(layers)}
+    kinds = {kind: i for i, kind in enumerate(SITE_KINDS)}
+    position = {site: i for i, site in enumerate(sites)}
+    return sorted(sites, key=lambda s: (rank[layer_label(s)], kinds.get(split_site(s)[0], len(kinds)), position[s]))
+
+
+def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
+    """step x layer (model order): median over each layer's sites of the relative difference of ``stat``."""
+    rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
+    labels = pd.Index([layer_label(s) for s in rel.columns], name="layer")
+    table = rel.T.groupby(labels).median().T
+    return table[layer_order([str(c) for c in table.columns])]
 
 
 @dataclass(frozen=True)
@@ -70,10 +87,7 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
     frames, rows = [], []
     for run in others:
         result = compare(reference, run)
-        rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
-        labels = pd.Index([layer_label(s) for s in rel.columns], name="layer")
-        per_layer = rel.T.groupby(labels).median().T  # step x layer
-        long = per_layer.stack().rename("relative_error").reset_index()
+        long = per_layer_error(result, stat).stack().rename("relative_error").reset_index()
         long.insert(0, "run", run.name)
         frames.append(long)
         exit_step = exit_site = exit_layer = None
@@ -82,7 +96,7 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
             if not check.inside:
                 exit_step, exit_site = check.first_step, check.first_site
                 exit_layer = layer_label(str(exit_site))
-        last = rel.iloc[-1].to_numpy(dtype=float)
+        last = result.relative_difference.sel(stat=stat).isel(step=-1).to_numpy().astype(float)
         rows.append({"run": run.name, "identical": result.identical, "first_step": result.first_step,
                      "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,
                      "floor_exit_layer": exit_layer, "growth": amplification(result, stat).rate,

@@ -1,0 +1,144 @@
+"""Where and how two runs diverge: the divergence heatmap and the amplification plot.
+
+    fig = divergence_heatmap(compare(a, b), stat="l2")
+    fig = amplification_figure(compare(a, b))
+
+Pure: a ``Comparison`` in, a plotly figure out. The heatmap shows sites (rows, in model
+order: grouped by layer, then kind) against steps (columns): grey where the runs are
+bitwise equal, else log10 of the relative difference of one statistic. Large runs are
+binned (the largest difference in a bin is shown, so a single divergent cell is never
+averaged away); the first divergent step and site are marked and the frontier (the
+first divergent step of every site) is drawn over it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.analysis.compare import Comparison
+from workbench.analysis.growth import amplification
+from workbench.analysis.ladder import layer_label, per_layer_error, sites_in_model_order
+from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, Provenance, apply_style, colour
+
+DIFFERS_ONLY_IN_BITS = -17.0
+"""Shown for cells whose fingerprints differ but whose statistic is equal (e.g. a permutation)."""
+
+
+def _bins(count: int, limit: int) -> np.ndarray:
+    """Start index of each bin when ``count`` items are grouped into at most ``limit`` bins."""
+    return np.unique(np.linspace(0, count, num=min(count, limit), endpoint=False).astype(int))
+
+
+def _reduce_max(values: np.ndarray, starts: np.ndarray, axis: int) -> np.ndarray:
+    """NaN-aware maximum over bins starting at ``starts`` along ``axis`` (all-NaN bins stay NaN)."""
+    filled = np.where(np.isnan(values), -np.inf, values)
+    reduced = np.maximum.reduceat(filled, starts, axis=axis)
+    return np.where(np.isneginf(reduced), np.nan, reduced)
+
+
+def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,
+                   steps: tuple[int, int] | None = None) -> pd.DataFrame:
+    """site x step: NaN where bitwise equal, else log10 relative difference (``DIFFERS_ONLY_IN_BITS``
+    where the statistic cannot see the difference); sites in model order."""
+    order = sites_in_model_order(sites if sites is not None else result.common_sites)
+    equal = result.equal
+    rel = result.relative_difference.sel(stat=stat)
+    if steps is not None:
+        equal = equal.loc[steps[0]:steps[1]]
+        rel = rel.sel(step=slice(steps[0], steps[1]))
+    equal = equal[order]
+    values = rel.sel(site=order).transpose("step", "site").to_numpy().astype(float)  # [step, site]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log = np.log10(values)
+    log = np.where(np.isfinite(log), log, np.where(values == 0, DIFFERS_ONLY_IN_BITS, 0.0))
+    log = np.where(equal.to_numpy(), np.nan, log)
+    return pd.DataFrame(log.T, index=pd.Index(order, name="site"), columns=equal.index)
+
+
+def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,
+                       steps: tuple[int, int] | None = None, max_rows: int = 600, max_columns: int = 400,
+                       provenance: Provenance | None = None, matrix: pd.DataFrame | None = None) -> go.Figure:
+    """The heatmap described in the module docstring; ``matrix`` reuses a ``heatmap_matrix``."""
+    full = matrix if matrix is not None else heatmap_matrix(result, stat, sites=sites, steps=steps)
+    row_starts, column_starts = _bins(full.shape[0], max_rows), _bins(full.shape[1], max_columns)
+    z = full.to_numpy()
+    if full.size:
+        z = _reduce_max(_reduce_max(z, row_starts, 0), column_starts, 1)
+    row_names = [str(full.index[i]) for i in row_starts]
+    columns = [int(full.columns[j]) for j in column_starts]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=columns, y=row_names, colorscale=SEQUENTIAL, zmin=DIFFERS_ONLY_IN_BITS, zmax=0, hoverongaps=False,
+        colorbar=dict(title=dict(text=f"log10 rel. diff<br>of {stat}", side="right"), thickness=14),
+        hovertemplate="step %{x}<br>%{y}<br>log10 relative difference %{z:.2f}<extra></extra>", name="difference"))
+    _mark_layers(fig, row_names)
+    names = set(row_names)
+    frontier = result.frontier.reindex([s for s in full.index if s in result.frontier.index]).dropna()
+    if len(frontier):
+        binned = {str(full.index[i]): str(full.index[i]) for i in row_starts}
+        y = [binned.get(s, _bin_of(s, full.index, row_starts)) for s in frontier.index]
+        fig.add_trace(go.Scatter(x=frontier.to_numpy(), y=y, mode="lines", line=dict(color="#D55E00", width=1.5),
+                                 name="frontier (first divergent step per site)",
+                                 hovertemplate="%{y}<br>first differs at step %{x}<extra></extra>"))
+    if result.first_site is not None and result.first_step is not None:
+        y0 = result.first_site if result.first_site in names else _bin_of(result.first_site, full.index, row_starts)
+        fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name="first divergence",
+                                 marker=dict(symbol="x", size=13, color="#000000", line=dict(width=2))))
+        fig.add_annotation(x=result.first_step, y=y0, text=f"first: step {result.first_step}<br>{result.first_site}",
+                           showarrow=True, arrowhead=2, ax=60, ay=-30, font=dict(size=11), bgcolor="white",
+                           name="first-divergence")
+    title = (f"{result.a} vs {result.b}: " + ("bitwise identical" if result.identical else
+             f"first divergence at step {result.first_step}, {result.first_site}"))
+    height = max(420, min(900, 14 * len(_layer_starts(row_names)) + 420))
+    apply_style(fig, title=title, provenance=provenance, height=height)
+    fig.update_layout(plot_bgcolor=EQUAL_COLOUR, margin=dict(t=95),
+                      legend=dict(orientation="h", y=1.01, x=1, xanchor="right", yanchor="bottom"))
+    fig.update_xaxes(title="step", showgrid=False)
+    fig.update_yaxes(autorange="reversed", showgrid=False, title="site (model order; grey = bitwise equal)")
+    return fig
+
+
+def _bin_of(site: str, order: pd.Index, starts: np.ndarray) -> str:
+    position = int(order.get_loc(site))
+    return str(order[starts[np.searchsorted(starts, position, side="right") - 1]])
+
+
+def _layer_starts(rows: list[str]) -> list[int]:
+    return [i for i, s in enumerate(rows) if i == 0 or layer_label(s) != layer_label(rows[i - 1])]
+
+
+def _mark_layers(fig: go.Figure, rows: list[str]) -> None:
+    """Tick labels at the first row of each layer, and a thin line between layers."""
+    starts = _layer_starts(rows)
+    fig.update_yaxes(tickmode="array", tickvals=[rows[i] for i in starts],
+                     ticktext=[layer_label(rows[i]) for i in starts], type="category")
+    for i in starts[1:]:
+        fig.add_hline(y=i - 0.5, line=dict(color="white", width=1))
+
+
+def amplification_figure(result: Comparison, stat: str = "l2", *,
+                         provenance: Provenance | None = None) -> go.Figure:
+    """Relative difference against step on a log scale, per layer, with the fitted overall growth."""
+    fig = go.Figure()
+    if result.identical:
+        apply_style(fig, title=f"{result.a} vs {result.b}: bitwise identical, nothing to amplify",
+                    provenance=provenance)
+        return fig
+    table = per_layer_error(result, stat).loc[result.first_step:]
+    for i, layer in enumerate(table.columns):
+        series = table[layer].where(table[layer] > 0)
+        fig.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=str(layer),
+                                 line=dict(color=colour(i), width=1.6)))
+    growth = amplification(result, stat)
+    if np.isfinite(growth.rate):
+        steps = np.asarray(table.index, dtype=float)
+        fit = 10.0 ** (growth.intercept + growth.rate * steps)
+        fig.add_trace(go.Scatter(x=steps, y=fit, mode="lines", name=f"fit: {growth.rate:+.3f} decades/step",
+                                 line=dict(color="#000000", dash="dash", width=2)))
+    apply_style(fig, title=f"{result.a} vs {result.b}: growth of the relative difference of {stat} "
+                f"after step {result.first_step}", provenance=provenance)
+    fig.update_yaxes(type="log", title=f"relative difference of {stat} (median over the layer's sites)",
+                     exponentformat="power")
+    fig.update_xaxes(title="step")
+    return fig

@@ -1,0 +1,107 @@
+"""Study figures: the precision ladder / layout comparison, element-wise snapshot differences and
+the throughput cost of deterministic mode.
+
+    ladder_figure(ladder(ref, others), noise=ladder(ref, repeats))
+    elementwise_figure({"grad:...": elementwise_difference(a, b)}, step=30)
+    cost_figure(determinism_cost(samples))
+
+Pure: analysis results in, plotly figures out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.analysis.elementwise import ElementwiseDifference
+from workbench.analysis.ladder import Ladder, layer_order
+from workbench.figures.style import FLOOR_COLOUR, PALETTE, Provenance, apply_style, colour
+
+
+def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, provenance: Provenance | None = None) -> go.Figure:
+    """Left: relative error per layer at the last step, one line per run. Right: relative error
+    over steps (median over layers). The noise floor (repeats against the same reference) is a band."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.1,
+                        subplot_titles=("per layer, last step", "over steps, median over layers"))
+    final = ladder.final_by_layer()
+    layers = layer_order([str(c) for c in final.columns])
+    if noise is not None and not noise.per_layer.empty:
+        noise_final = noise.final_by_layer().reindex(columns=layers)
+        _band(fig, layers, noise_final.min(), noise_final.max(), col=1, show=True)
+        over_steps = noise.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
+        _band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, show=False)
+    for i, run in enumerate(final.index):
+        values = final.loc[run, layers].to_numpy(dtype=float)
+        fig.add_trace(go.Scatter(x=layers, y=np.where(values > 0, values, np.nan), mode="lines+markers",
+                                 name=str(run), legendgroup=str(run), line=dict(color=colour(i))), row=1, col=1)
+        steps = ladder.per_layer[ladder.per_layer["run"] == run].groupby("step")["relative_error"].median()
+        fig.add_trace(go.Scatter(x=steps.index, y=steps.where(steps > 0).to_numpy(), mode="lines", name=str(run),
+                                 legendgroup=str(run), showlegend=False, line=dict(color=colour(i))), row=1, col=2)
+    exits = ladder.summary.dropna(subset=["floor_exit_layer"])
+    for _, row in exits.iterrows():
+        fig.add_annotation(x=row["floor_exit_layer"], y=0, yref="y domain", yanchor="bottom", showarrow=False,
+                           text=f"▲ {row['run']} leaves the floor here (step {row['floor_exit_step']})",
+                           font=dict(size=9), textangle=-90, xshift=-6, row=1, col=1)
+    apply_style(fig, title=f"relative difference of {ladder.stat} against {ladder.reference}",
+                provenance=provenance, height=520)
+    fig.update_yaxes(type="log", exponentformat="power", title="relative difference", col=1)
+    fig.update_yaxes(type="log", exponentformat="power", col=2)
+    fig.update_xaxes(title="layer", col=1)
+    fig.update_xaxes(title="step", col=2)
+    return fig
+
+
+def _band(fig: go.Figure, x: list, low: pd.Series, high: pd.Series, *, col: int, show: bool) -> None:  # type: ignore[type-arg]
+    low_values = np.where(low.to_numpy(dtype=float) > 0, low.to_numpy(dtype=float), np.nan)
+    fig.add_trace(go.Scatter(x=[*x, *x[::-1]], y=[*low_values, *high.to_numpy(dtype=float)[::-1]], fill="toself",
+                             fillcolor=FLOOR_COLOUR, line=dict(width=0), name="noise floor (repeats)",
+                             hoverinfo="skip", showlegend=show, legendgroup="floor"), row=1, col=col)
+
+
+def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step: int, a: str, b: str,
+                       provenance: Provenance | None = None) -> go.Figure:
+    """Left: ULP-distance histogram per site. Right: largest absolute difference per site."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
+                        subplot_titles=("ULP distance (elements)", "max |a - b|"))
+    for i, (site, diff) in enumerate(differences.items()):
+        hist = diff.ulp_histogram
+        fig.add_trace(go.Bar(x=list(hist.index), y=hist.to_numpy(), name=site, legendgroup=site,
+                             marker_color=colour(i)), row=1, col=1)
+    sites = list(differences)
+    fig.add_trace(go.Bar(x=[differences[s].max_abs for s in sites], y=sites, orientation="h", showlegend=False,
+                         marker_color=[colour(i) for i in range(len(sites))],
+                         hovertemplate="%{y}<br>max abs difference %{x:.3g}<extra></extra>"), row=1, col=2)
+    apply_style(fig, title=f"{a} vs {b} at step {step}: element-wise differences of {len(sites)} snapshots",
+                provenance=provenance, height=max(460, 60 + 26 * len(sites)))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(type="log", title="elements", exponentformat="power", col=1)
+    fig.update_xaxes(title="ULP distance in the training dtype", type="category", col=1)
+    fig.update_xaxes(type="log", exponentformat="power", col=2)
+    fig.update_yaxes(showticklabels=len(sites) <= 20, col=2)
+    return fig
+
+
+def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None) -> go.Figure:
+    """Left: median tokens/s per configuration, deterministic vs default. Right: the tax in % with its
+    95 % bootstrap interval."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
+                        subplot_titles=("tokens per second (median)", "determinism tax (95% interval)"))
+    configs = cost["config"].tolist()
+    sides = (("deterministic_tokens_per_s", "deterministic", 0), ("default_tokens_per_s", "default", 1))
+    for column, label, i in sides:
+        fig.add_trace(go.Bar(x=configs, y=cost[column], name=label, marker_color=PALETTE[i]), row=1, col=1)
+    fig.add_trace(go.Scatter(x=configs, y=cost["tax_percent"], mode="markers", showlegend=False,
+                             marker=dict(size=11, color=PALETTE[2]),
+                             error_y=dict(type="data", symmetric=False, array=cost["ci_high"] - cost["tax_percent"],
+                                          arrayminus=cost["tax_percent"] - cost["ci_low"]),
+                             hovertemplate="%{x}<br>tax %{y:.1f} %<extra></extra>"), row=1, col=2)
+    fig.add_hline(y=0, line=dict(color="#999999", width=1), row=1, col=2)
+    apply_style(fig, title="what deterministic mode costs, per configuration", provenance=provenance, height=480)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="tokens/s", col=1)
+    fig.update_yaxes(title="tax %", col=2)
+    return fig

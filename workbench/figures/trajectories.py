@@ -1,0 +1,63 @@
+"""Trajectories of a scalar (loss, gradient norm, step time ...) or of one site's statistic, for N runs.
+
+    fig = trajectory_figure({"det-r0": loss0, "tp2": loss1}, reference="det-r0",
+                            floor=(low, high), quantity="loss")
+
+Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel
+shows every other run minus the reference, so differences of 1e-6 on a loss of 2 are
+visible; the noise floor (the envelope of repeats of one configuration) is drawn as a
+grey band in both panels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.figures.style import FLOOR_COLOUR, Provenance, apply_style, colour
+
+
+def _band(fig: go.Figure, low: pd.Series, high: pd.Series, *, row: int, name: str, show: bool) -> None:
+    x = list(low.index) + list(high.index[::-1])
+    y = list(low.to_numpy()) + list(high.to_numpy()[::-1])
+    fig.add_trace(go.Scatter(x=x, y=y, fill="toself", fillcolor=FLOOR_COLOUR, line=dict(width=0), name=name,
+                             hoverinfo="skip", showlegend=show, legendgroup="floor"), row=row, col=1)
+
+
+def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,
+                      floor: tuple[pd.Series, pd.Series] | None = None, quantity: str = "loss",
+                      log_y: bool = False, provenance: Provenance | None = None,
+                      title: str | None = None) -> go.Figure:
+    """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``."""
+    if reference is not None and reference not in series:
+        raise KeyError(f"reference {reference!r} is not among the runs {', '.join(series)}")
+    with_diff = reference is not None and len(series) > 1
+    fig = make_subplots(rows=2 if with_diff else 1, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        row_heights=[0.62, 0.38] if with_diff else [1.0])
+    if floor is not None:
+        _band(fig, floor[0], floor[1], row=1, name="noise floor", show=True)
+    for i, (name, values) in enumerate(series.items()):
+        width = 2.4 if name == reference else 1.5
+        fig.add_trace(go.Scatter(x=values.index, y=values.to_numpy(), mode="lines", name=name, legendgroup=name,
+                                 line=dict(color=colour(i), width=width)), row=1, col=1)
+    if with_diff:
+        assert reference is not None
+        ref = series[reference]
+        if floor is not None:
+            _band(fig, floor[0] - ref.reindex(floor[0].index), floor[1] - ref.reindex(floor[1].index), row=2,
+                  name="noise floor", show=False)
+        for i, (name, values) in enumerate(series.items()):
+            if name == reference:
+                continue
+            diff = values - ref.reindex(values.index)
+            fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
+                                     showlegend=False, line=dict(color=colour(i), width=1.5)), row=2, col=1)
+        fig.update_yaxes(title=f"minus {reference}", exponentformat="power", row=2, col=1)
+    apply_style(fig, title=title or f"{quantity} of {len(series)} runs", provenance=provenance,
+                height=600 if with_diff else 460)
+    fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)
+    fig.update_xaxes(title="step", row=2 if with_diff else 1, col=1)
+    return fig

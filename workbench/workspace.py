@@ -1,0 +1,181 @@
+"""A folder of runs opened once, with their roles and cached comparisons: what notebooks, widgets,
+the study summary and the report read from.
+
+    ws = Workspace.open("data/runs/demo")
+    ws.names, ws.reference, ws.floor_runs             # roles, found from the runs' configs
+    ws.comparison("det-r0", "tp2")                    # cached analysis.compare
+    ws.scalar("loss"), ws.scalar_floor("loss")        # per-run Series, noise-floor envelope
+    ws.provenance(["det-r0", "tp2"])                  # for figure footers
+
+Opening reads manifests and fingerprints; statistics stay lazy until a result needs them.
+The roles: the *reference* is ``det-r0`` if present, else the first deterministic fp32 run
+on one process; the *noise floor* runs are the largest group of nondeterministic repeats
+(``<base>-r<i>``), plus the reference when it differs from them only in determinism.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from workbench.analysis.compare import Comparison, compare
+from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
+from workbench.analysis.growth import NoiseFloor, noise_floor
+from workbench.analysis.records import RunRecords
+from workbench.config import RunConfig
+from workbench.errors import RunNotFoundError
+from workbench.figures.style import Provenance
+from workbench.store import layout
+from workbench.store.reader import Run, find_runs, open_run
+
+REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
+DEMO_RUNS = Path("data/runs/demo")
+
+
+def runs_dir() -> Path:
+    """Where notebooks look for runs: ``$WORKBENCH_RUNS``, else the demo's folder in the project."""
+    if "WORKBENCH_RUNS" in os.environ:
+        return Path(os.environ["WORKBENCH_RUNS"])
+    here = Path.cwd()
+    for folder in (here, *here.parents):  # notebooks run from notebooks/, the CLI from the project root
+        if (folder / "pyproject.toml").is_file():
+            return folder / DEMO_RUNS
+    return DEMO_RUNS
+
+
+def configuration(cfg: RunConfig) -> str:
+    """A configuration apart from its determinism switch and name."""
+    m = cfg.model
+    return f"L{m.num_layers} H{m.hidden_size} {cfg.layout.summary()} {cfg.precision.value}"
+
+
+class Workspace:
+    """Runs by name (their folder names), opened once."""
+
+    def __init__(self, runs: dict[str, Run]) -> None:
+        if not runs:
+            raise RunNotFoundError("no runs to open")
+        self.runs = runs
+        self._records: dict[str, RunRecords] = {}
+        self._comparisons: dict[tuple[str, str], Comparison] = {}
+
+    @classmethod
+    def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
+        """Open run folders, or every run under the given folders."""
+        folders: list[Path] = []
+        for path in paths:
+            path = Path(path)
+            if layout.resolve_run_dir(path) is not None:
+                folders.append(layout.resolve_run_dir(path))  # type: ignore[arg-type]
+            elif path.is_dir():
+                folders += find_runs(path)
+            else:
+                raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
+                                       "(or `workbench demo`)")
+        if not folders:
+            raise RunNotFoundError(f"no runs under {', '.join(map(str, paths))}; the demo's runs are made by "
+                                   "`make demo` (or `workbench demo`)")
+        return cls({folder.name: open_run(folder) for folder in folders})
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.runs)
+
+    @cached_property
+    def recorded(self) -> list[str]:
+        """Runs with per-site records."""
+        return [n for n, r in self.runs.items() if r.has_sites]
+
+    def records(self, name: str) -> RunRecords:
+        if name not in self._records:
+            if name not in self.runs:
+                raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
+            self._records[name] = self.runs[name].records()  # NoSitesError for a run without records
+        return self._records[name]
+
+    def comparison(self, a: str, b: str) -> Comparison:
+        if (a, b) not in self._comparisons:
+            self._comparisons[(a, b)] = compare(self.records(a), self.records(b))
+        return self._comparisons[(a, b)]
+
+    # -- roles -----------------------------------------------------------------------
+
+    @cached_property
+    def reference(self) -> str:
+        candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes")]
+        if "det-r0" in candidates:
+            return "det-r0"
+        plain = [n for n in candidates if self.runs[n].config.deterministic
+                 and self.runs[n].config.layout.world_size == 1 and self.runs[n].config.precision.value == "fp32"]
+        return (plain or candidates or self.names)[0]
+
+    @cached_property
+    def floor_runs(self) -> list[str]:
+        repeats: dict[str, list[str]] = {}
+        for name in self.recorded:
+            match = REPEAT.match(name)
+            if match and not self.runs[name].config.deterministic:
+                repeats.setdefault(match["base"], []).append(name)
+        runs = max(repeats.values(), key=len, default=[])
+        if runs and self.reference in self.recorded and \
+                configuration(self.runs[self.reference].config) == configuration(self.runs[runs[0]].config):
+            runs = [self.reference, *runs]
+        return runs if len(runs) >= 2 else []
+
+    @property
+    def resumed(self) -> list[str]:
+        return [n for n in self.recorded if self.runs[n].manifest.get("resumes")]
+
+    @property
+    def others(self) -> list[str]:
+        """Recorded runs that are neither the reference, a repeat, nor resumed: precision and layout changes."""
+        return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
+                and not REPEAT.match(n) and n not in self.resumed]
+
+    @cached_property
+    def floor(self) -> NoiseFloor | None:
+        return noise_floor([self.records(n) for n in self.floor_runs]) if self.floor_runs else None
+
+    # -- views -----------------------------------------------------------------------
+
+    def scalar(self, column: str = "loss", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
+        """One per-step scalar (``loss``, ``grad_norm``, ``step_time`` ...) of each run."""
+        return {n: self.runs[n].scalars[column] for n in (names or self.names)}
+
+    def scalar_floor(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
+        """The envelope (min, max per step) of a scalar over the noise-floor runs."""
+        if not self.floor_runs:
+            return None
+        table = pd.DataFrame(self.scalar(column, self.floor_runs))
+        return table.min(axis=1), table.max(axis=1)
+
+    def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
+        """One statistic of one site over steps, per run."""
+        series = {}
+        for name in names or self.recorded:
+            stats = self.records(name).stats
+            if site in stats["site"].values:
+                series[name] = stats.sel(site=site, stat=stat).to_series()
+        return series
+
+    def snapshot_differences(self, a: str, b: str, step: int,
+                             sites: Iterable[str] | None = None) -> dict[str, ElementwiseDifference]:
+        """Element-wise measures of every site both runs snapshotted at ``step``."""
+        common = sorted(set(self.runs[a].snapshots().get(step, [])) & set(self.runs[b].snapshots().get(step, [])))
+        wanted = [s for s in common if sites is None or s in set(sites)]
+        return {s: elementwise_difference(self.runs[a].snapshot(step, s), self.runs[b].snapshot(step, s),
+                                          self.runs[a].snapshot_dtype(step, s)) for s in wanted}
+
+    def provenance(self, names: Iterable[str] | None = None) -> Provenance:
+        chosen = list(names or self.names)
+        runs = [self.runs[n] for n in chosen]
+        revisions = sorted({str(r.manifest.get("git_revision")) for r in runs if r.manifest.get("git_revision")})
+        return Provenance(runs=tuple(r.run_id for r in runs),
+                          configs=tuple(dict.fromkeys(r.config.summary() for r in runs)),
+                          schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
+                          revision=", ".join(r[:12] for r in revisions) or None)
