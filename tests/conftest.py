@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,3 +37,16 @@ def synthetic_run(tmp_path: Path) -> Path:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def mini_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo study in miniature (``tests/mini_demo.toml``), trained once per session for the
+    notebook, report and browser tests. ``WORKBENCH_MINI_DEMO=DIR`` keeps them in DIR across
+    sessions (complete runs are not trained again)."""
+    from workbench.study import load_study, run_study
+
+    kept = os.environ.get("WORKBENCH_MINI_DEMO")
+    out = Path(kept) if kept else tmp_path_factory.mktemp("mini-demo")
+    run_study(load_study(Path(__file__).parent / "mini_demo.toml"), out, lambda *args: None)
+    return out

@@ -22,10 +22,13 @@ from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
+import xarray as xr
 
-from workbench.analysis.compare import Comparison, compare
+from workbench.analysis.compare import Comparison, compare, relative_difference
+from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
 from workbench.analysis.growth import NoiseFloor, noise_floor
+from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
 from workbench.errors import RunNotFoundError
@@ -63,6 +66,7 @@ class Workspace:
         self.runs = runs
         self._records: dict[str, RunRecords] = {}
         self._comparisons: dict[tuple[str, str], Comparison] = {}
+        self._stat_values: dict[tuple[str, str], xr.DataArray] = {}
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -141,6 +145,34 @@ class Workspace:
     def floor(self) -> NoiseFloor | None:
         return noise_floor([self.records(n) for n in self.floor_runs]) if self.floor_runs else None
 
+    @property
+    def precision_runs(self) -> list[str]:
+        """Other runs computing in another precision than the reference."""
+        ref = self.runs[self.reference].config.precision
+        return [n for n in self.others if self.runs[n].config.precision != ref]
+
+    @property
+    def layout_runs(self) -> list[str]:
+        """Other runs with another TP / PP / DP layout than the reference."""
+        ref = self.runs[self.reference].config.layout
+        return [n for n in self.others if self.runs[n].config.layout != ref]
+
+    # -- analysis over several runs ----------------------------------------------------
+
+    def ladder(self, names: Iterable[str]) -> Ladder:
+        """``names`` against the reference, per layer, with the noise floor."""
+        return ladder(self.records(self.reference), [self.records(n) for n in names], floor=self.floor)
+
+    def noise_ladder(self) -> Ladder | None:
+        """The noise-floor runs against the reference: how far apart mere repeats drift."""
+        repeats = [n for n in self.floor_runs if n != self.reference]
+        return ladder(self.records(self.reference), [self.records(n) for n in repeats]) if repeats else None
+
+    def cost(self) -> pd.DataFrame:
+        """Determinism tax per configuration (``analysis.cost.determinism_cost``)."""
+        return determinism_cost([ThroughputSample(configuration(run.config), run.config.deterministic,
+                                                  run.scalars.tokens_per_s.to_numpy()) for run in self.runs.values()])
+
     # -- views -----------------------------------------------------------------------
 
     def scalar(self, column: str = "loss", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
@@ -154,13 +186,26 @@ class Workspace:
         table = pd.DataFrame(self.scalar(column, self.floor_runs))
         return table.min(axis=1), table.max(axis=1)
 
+    def stat_values(self, name: str, stat: str) -> xr.DataArray:
+        """One statistic of every site and step of a run, in memory (step, site); cached."""
+        if (name, stat) not in self._stat_values:
+            self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
+        return self._stat_values[(name, stat)]
+
+    def relative_difference(self, a: str, b: str, stat: str) -> xr.DataArray:
+        """``comparison(a, b).relative_difference`` of one statistic, computed from cached values."""
+        result = self.comparison(a, b)
+        steps, sites = result.common_steps, result.common_sites
+        return relative_difference(self.stat_values(a, stat).sel(step=steps, site=sites),
+                                   self.stat_values(b, stat).sel(step=steps, site=sites))
+
     def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
-        """One statistic of one site over steps, per run."""
+        """One statistic of one site over steps, per run (from the cached ``stat_values``)."""
         series = {}
         for name in names or self.recorded:
-            stats = self.records(name).stats
-            if site in stats["site"].values:
-                series[name] = stats.sel(site=site, stat=stat).to_series()
+            values = self.stat_values(name, stat)
+            if site in values.indexes["site"]:
+                series[name] = values.sel(site=site).to_series()
         return series
 
     def snapshot_differences(self, a: str, b: str, step: int,

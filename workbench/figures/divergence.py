@@ -5,7 +5,8 @@
 
 Pure: a ``Comparison`` in, a plotly figure out. The heatmap shows sites (rows, in model
 order: grouped by layer, then kind) against steps (columns): grey where the runs are
-bitwise equal, else log10 of the relative difference of one statistic. Large runs are
+bitwise equal, else log10 of the relative difference of one statistic (no NaN gaps: the
+matrix stays a float array that serialises as valid JSON and copies cheaply). Large runs are
 binned (the largest difference in a bin is shown, so a single divergent cell is never
 averaged away); the first divergent step and site are marked and the frontier (the
 first divergent step of every site) is drawn over it.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import xarray as xr
 
 from workbench.analysis.compare import Comparison
 from workbench.analysis.growth import amplification
@@ -24,6 +26,20 @@ from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, Provenance, apply_
 
 DIFFERS_ONLY_IN_BITS = -17.0
 """Shown for cells whose fingerprints differ but whose statistic is equal (e.g. a permutation)."""
+BITWISE_EQUAL = -18.0
+"""Shown for bitwise-equal cells: below every difference, so binning by maximum keeps differences."""
+_LOW = BITWISE_EQUAL
+
+
+def _colorscale() -> list[list[object]]:
+    """Grey for bitwise equal, then cividis from "differs in bits only" (-17) to relative difference 1 (0)."""
+    import plotly.colors
+
+    cividis = plotly.colors.get_colorscale(SEQUENTIAL)
+    step = 1.0 / -_LOW  # one unit of z in colour-scale coordinates
+    scale: list[list[object]] = [[0.0, EQUAL_COLOUR], [step * 0.999, EQUAL_COLOUR]]
+    scale += [[step + (1 - step) * float(pos), col] for pos, col in cividis]
+    return scale
 
 
 def _bins(count: int, limit: int) -> np.ndarray:
@@ -31,20 +47,14 @@ def _bins(count: int, limit: int) -> np.ndarray:
     return np.unique(np.linspace(0, count, num=min(count, limit), endpoint=False).astype(int))
 
 
-def _reduce_max(values: np.ndarray, starts: np.ndarray, axis: int) -> np.ndarray:
-    """NaN-aware maximum over bins starting at ``starts`` along ``axis`` (all-NaN bins stay NaN)."""
-    filled = np.where(np.isnan(values), -np.inf, values)
-    reduced = np.maximum.reduceat(filled, starts, axis=axis)
-    return np.where(np.isneginf(reduced), np.nan, reduced)
-
-
 def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,
-                   steps: tuple[int, int] | None = None) -> pd.DataFrame:
-    """site x step: NaN where bitwise equal, else log10 relative difference (``DIFFERS_ONLY_IN_BITS``
-    where the statistic cannot see the difference); sites in model order."""
+                   steps: tuple[int, int] | None = None, relative: xr.DataArray | None = None) -> pd.DataFrame:
+    """site x step: ``BITWISE_EQUAL`` where bitwise equal, else log10 relative difference
+    (``DIFFERS_ONLY_IN_BITS`` where the statistic cannot see the difference); sites in model order.
+    ``relative`` (step, site) replaces ``result.relative_difference`` of ``stat`` when already computed."""
     order = sites_in_model_order(sites if sites is not None else result.common_sites)
     equal = result.equal
-    rel = result.relative_difference.sel(stat=stat)
+    rel = relative if relative is not None else result.relative_difference.sel(stat=stat)
     if steps is not None:
         equal = equal.loc[steps[0]:steps[1]]
         rel = rel.sel(step=slice(steps[0], steps[1]))
@@ -53,7 +63,7 @@ def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | N
     with np.errstate(divide="ignore", invalid="ignore"):
         log = np.log10(values)
     log = np.where(np.isfinite(log), log, np.where(values == 0, DIFFERS_ONLY_IN_BITS, 0.0))
-    log = np.where(equal.to_numpy(), np.nan, log)
+    log = np.where(equal.to_numpy(), BITWISE_EQUAL, np.clip(log, DIFFERS_ONLY_IN_BITS, 0.0))
     return pd.DataFrame(log.T, index=pd.Index(order, name="site"), columns=equal.index)
 
 
@@ -65,37 +75,43 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     row_starts, column_starts = _bins(full.shape[0], max_rows), _bins(full.shape[1], max_columns)
     z = full.to_numpy()
     if full.size:
-        z = _reduce_max(_reduce_max(z, row_starts, 0), column_starts, 1)
+        z = np.maximum.reduceat(np.maximum.reduceat(z, row_starts, axis=0), column_starts, axis=1)
     row_names = [str(full.index[i]) for i in row_starts]
     columns = [int(full.columns[j]) for j in column_starts]
+    ticks = [BITWISE_EQUAL, DIFFERS_ONLY_IN_BITS, -15, -12, -9, -6, -3, 0]
     fig = go.Figure(go.Heatmap(
-        z=z, x=columns, y=row_names, colorscale=SEQUENTIAL, zmin=DIFFERS_ONLY_IN_BITS, zmax=0, hoverongaps=False,
-        colorbar=dict(title=dict(text=f"log10 rel. diff<br>of {stat}", side="right"), thickness=14),
+        z=z, x=columns, y=row_names, colorscale=_colorscale(), zmin=BITWISE_EQUAL, zmax=0,
+        colorbar=dict(title=dict(text=f"log10 rel. diff<br>of {stat}", side="right"), thickness=14,
+                      tickvals=ticks, ticktext=["equal", "bits only", *map(str, ticks[2:])]),
         hovertemplate="step %{x}<br>%{y}<br>log10 relative difference %{z:.2f}<extra></extra>", name="difference"))
     _mark_layers(fig, row_names)
     names = set(row_names)
+    shown_steps = (int(full.columns.min()), int(full.columns.max())) if full.shape[1] else (0, -1)
     frontier = result.frontier.reindex([s for s in full.index if s in result.frontier.index]).dropna()
+    frontier = frontier[(frontier >= shown_steps[0]) & (frontier <= shown_steps[1])]
     if len(frontier):
         binned = {str(full.index[i]): str(full.index[i]) for i in row_starts}
         y = [binned.get(s, _bin_of(s, full.index, row_starts)) for s in frontier.index]
         fig.add_trace(go.Scatter(x=frontier.to_numpy(), y=y, mode="lines", line=dict(color="#D55E00", width=1.5),
                                  name="frontier (first divergent step per site)",
                                  hovertemplate="%{y}<br>first differs at step %{x}<extra></extra>"))
-    if result.first_site is not None and result.first_step is not None:
-        y0 = result.first_site if result.first_site in names else _bin_of(result.first_site, full.index, row_starts)
+    if result.first_site in full.index and result.first_step is not None and \
+            shown_steps[0] <= result.first_step <= shown_steps[1]:
+        first_site = str(result.first_site)
+        y0 = first_site if first_site in names else _bin_of(first_site, full.index, row_starts)
         fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name="first divergence",
                                  marker=dict(symbol="x", size=13, color="#000000", line=dict(width=2))))
         fig.add_annotation(x=result.first_step, y=y0, text=f"first: step {result.first_step}<br>{result.first_site}",
                            showarrow=True, arrowhead=2, ax=60, ay=-30, font=dict(size=11), bgcolor="white",
                            name="first-divergence")
     title = (f"{result.a} vs {result.b}: " + ("bitwise identical" if result.identical else
-             f"first divergence at step {result.first_step}, {result.first_site}"))
+             f"first divergence at step {result.first_step}<br><sup>{result.first_site}</sup>"))
     height = max(420, min(900, 14 * len(_layer_starts(row_names)) + 420))
     apply_style(fig, title=title, provenance=provenance, height=height)
-    fig.update_layout(plot_bgcolor=EQUAL_COLOUR, margin=dict(t=95),
+    fig.update_layout(margin=dict(t=95),
                       legend=dict(orientation="h", y=1.01, x=1, xanchor="right", yanchor="bottom"))
     fig.update_xaxes(title="step", showgrid=False)
-    fig.update_yaxes(autorange="reversed", showgrid=False, title="site (model order; grey = bitwise equal)")
+    fig.update_yaxes(autorange="reversed", showgrid=False, title="site (model order)")
     return fig
 
 
@@ -113,8 +129,8 @@ def _mark_layers(fig: go.Figure, rows: list[str]) -> None:
     starts = _layer_starts(rows)
     fig.update_yaxes(tickmode="array", tickvals=[rows[i] for i in starts],
                      ticktext=[layer_label(rows[i]) for i in starts], type="category")
-    for i in starts[1:]:
-        fig.add_hline(y=i - 0.5, line=dict(color="white", width=1))
+    fig.update_layout(shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=i - 0.5, y1=i - 0.5,
+                                   line=dict(color="white", width=1)) for i in starts[1:]])
 
 
 def amplification_figure(result: Comparison, stat: str = "l2", *,

@@ -41,6 +41,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         _band(fig, floor[0], floor[1], row=1, name="noise floor", show=True)
     for i, (name, values) in enumerate(series.items()):
         width = 2.4 if name == reference else 1.5
+        values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
         fig.add_trace(go.Scatter(x=values.index, y=values.to_numpy(), mode="lines", name=name, legendgroup=name,
                                  line=dict(color=colour(i), width=width)), row=1, col=1)
     if with_diff:
@@ -52,7 +53,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue
-            diff = values - ref.reindex(values.index)
+            diff = (values - ref.reindex(values.index)).dropna()
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
                                      showlegend=False, line=dict(color=colour(i), width=1.5)), row=2, col=1)
         fig.update_yaxes(title=f"minus {reference}", exponentformat="power", row=2, col=1)

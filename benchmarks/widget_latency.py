@@ -1,0 +1,76 @@
+"""Update latency of the divergence explorer on a 10,000-step x 1,000-site pair of runs.
+
+    python benchmarks/widget_latency.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
+
+Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py``. Times the
+Python side of each interaction (filters, binning, figure build, FigureWidget update;
+median of ``--repeats``); the browser's own rendering is not included. A new statistic is
+timed both the first time (its site x step matrix is computed from the lazy store) and
+when cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from scale import ensure_pair  # type: ignore[import-not-found]
+
+
+def timed(action: Callable[[], None], explorer, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    samples = []
+    for _ in range(repeats):
+        action()
+        samples.append(explorer.last_update_s)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--sites", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    a, b, _ = ensure_pair(args.dir, args.steps, args.sites)
+
+    from workbench.widgets.explorer import DivergenceExplorer
+
+    start = time.perf_counter()
+    explorer = DivergenceExplorer(a.parent, reference=a.name, other=b.name)
+    print(f"open the folder and show the first heatmap: {time.perf_counter() - start:.2f} s")
+    rows = []
+    start = time.perf_counter()
+    explorer.stat.value = "max"
+    rows.append(("statistic, first time (matrix from the store)", time.perf_counter() - start))
+    stats = iter(["l2", "max"] * args.repeats)
+    rows.append(("statistic, cached", timed(lambda: setattr(explorer.stat, "value", next(stats)), explorer,
+                                            args.repeats)))
+    globs = iter(["*mlp*", "*"] * args.repeats)
+    rows.append(("site glob", timed(lambda: setattr(explorer.site_glob, "value", next(globs)), explorer,
+                                    args.repeats)))
+    kinds = iter([("act", "grad"), tuple(explorer.kinds.options)] * args.repeats)
+    rows.append(("kinds", timed(lambda: setattr(explorer.kinds, "value", next(kinds)), explorer, args.repeats)))
+    top = explorer.layers.max
+    layers = iter([(2, 5), (0, top)] * args.repeats)
+    rows.append(("layer range", timed(lambda: setattr(explorer.layers, "value", next(layers)), explorer,
+                                      args.repeats)))
+    steps = iter([(3_000, 6_000), (0, args.steps - 1)] * args.repeats)
+    rows.append(("step range", timed(lambda: setattr(explorer.steps, "value", next(steps)), explorer, args.repeats)))
+    site = explorer.workspace.records(a.name).sites[500]  # type: ignore[union-attr]
+    clicks = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        explorer.show_site(site, 5_000)
+        clicks.append(time.perf_counter() - start)
+    rows.append(("click a cell (site trajectories)", statistics.median(clicks)))
+    print(f"\n{args.steps} steps x {args.sites} sites, median of {args.repeats} (Python side):")
+    for label, seconds in rows:
+        print(f"  {label:<48} {1000 * seconds:8.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The divergence explorer in a real JupyterLab, driven in headless Chromium through Playwright.
+
+Serves JupyterLab on 127.0.0.1 over a copy of the explorer notebook, runs it, changes the
+statistic, and checks that the heatmap changes (its colour-bar title and its cells), then
+saves a screenshot to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "notebooks" / "02-divergence-explorer.ipynb"
+CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
+BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium, or BROWSER_PATH)")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
+    settings = tmp_path / "settings"
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "overrides.json").write_text(json.dumps({
+        "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"}}))
+    port, token = _free_port(), "workbench-test"
+    env = {**os.environ, "WORKBENCH_RUNS": str(mini_demo), "JUPYTERLAB_SETTINGS_DIR": str(settings / "user"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
+         f"--LabServerApp.app_settings_dir={settings}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _get(f"{base}/api/status?token={token}") is not None, 60, "JupyterLab to start")
+        yield base, token
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import sync_playwright
+
+    base, token = jupyterlab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+
+        def kernel_ready() -> bool:
+            kernels = _get(f"{base}/api/kernels?token={token}")
+            return bool(kernels) and all(k["execution_state"] == "idle" and k["connections"] >= 1
+                                         for k in kernels)  # type: ignore[union-attr]
+        _wait(kernel_ready, 90, "the notebook's kernel to connect")
+        page.wait_for_function("window.jupyterapp !== undefined", timeout=30_000)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        statistic = page.locator(".widget-dropdown", has=page.locator("label", has_text="statistic")).locator("select")
+        statistic.wait_for(timeout=120_000)
+        heatmap = page.locator(".js-plotly-plot").first
+        page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120_000)
+        title = heatmap.locator(".cbtitle")
+        page.wait_for_function("document.querySelector('.js-plotly-plot .cbtitle') !== null", timeout=60_000)
+        before_title = title.text_content() or ""
+        before_cells = heatmap.locator(".hm image, .heatmaplayer image").first.get_attribute("href") or ""
+        assert "l2" in before_title
+
+        statistic.select_option("max")
+        page.wait_for_function(
+            "document.querySelector('.js-plotly-plot .cbtitle') && "
+            "document.querySelector('.js-plotly-plot .cbtitle').textContent.includes('max')", timeout=60_000)
+        after_title = title.text_content() or ""
+        after_cells = heatmap.locator(".hm image, .heatmaplayer image").first.get_attribute("href") or ""
+        page.screenshot(path=str(ARTIFACTS / "explorer-in-jupyterlab.png"), full_page=True)
+        browser.close()
+    assert "max" in after_title and "l2" not in after_title
+    assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"

@@ -1,0 +1,1 @@
+"""Widgets: ipywidgets that wire controls to figure functions (``workbench.widgets.explorer``)."""

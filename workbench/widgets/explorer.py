@@ -1,0 +1,218 @@
+"""The divergence explorer: pick runs, a statistic, sites and steps; see where two runs diverge.
+
+    from workbench.widgets.explorer import DivergenceExplorer
+    DivergenceExplorer("data/runs/demo")          # the last expression of a notebook cell shows it
+
+Controls: the runs folder, the reference and the compared run, the statistic, a site filter
+(glob, kinds, layer range), the step range, and an export button that writes the current
+figures to a folder as PNG / SVG / PDF / HTML. Views: the divergence heatmap; clicking a
+cell shows that site's statistic over steps in both runs and, where both runs have
+snapshots of it at that step, the element-wise comparison. Only wiring lives here: data
+comes from ``Workspace``, figures from ``workbench.figures``. ``last_update_s`` holds the
+time of the last update, for the latency benchmark.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.analysis.ladder import layer_label
+from workbench.errors import WorkbenchError
+from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
+from workbench.figures.studies import elementwise_figure
+from workbench.figures.trajectories import trajectory_figure
+from workbench.sites import SITE_KINDS, layer_of, split_site
+from workbench.statistics import STAT_NAMES
+from workbench.workspace import Workspace, runs_dir
+
+EXPORT_FORMATS = ("png", "svg", "pdf", "html")
+
+
+class DivergenceExplorer(widgets.VBox):
+    def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
+                 other: str | None = None) -> None:
+        super().__init__()
+        self.workspace: Workspace | None = None
+        self._matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
+        self.last_update_s = 0.0
+        self.selected: tuple[str, int] | None = None
+        style = {"description_width": "initial"}
+        wide = widgets.Layout(width="420px")
+        self.directory = widgets.Text(value=str(directory or runs_dir()), description="runs folder",
+                                      style=style, layout=widgets.Layout(width="520px"))
+        self.open_button = widgets.Button(description="open", button_style="primary")
+        self.reference = widgets.Dropdown(description="reference", style=style, layout=wide)
+        self.other = widgets.Dropdown(description="compared with", style=style, layout=wide)
+        self.stat = widgets.Dropdown(options=list(STAT_NAMES), value="l2", description="statistic", style=style)
+        self.site_glob = widgets.Text(value="*", description="sites (glob)", style=style, continuous_update=False)
+        self.kinds = widgets.SelectMultiple(options=list(SITE_KINDS), value=tuple(SITE_KINDS), description="kinds",
+                                            rows=5, style=style)
+        self.layers = widgets.IntRangeSlider(description="layers", min=0, max=0, value=(0, 0), style=style,
+                                             continuous_update=False)
+        self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
+        self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
+                                            layout=wide, continuous_update=False)
+        self.export_folder = widgets.Text(value="figures", description="export to", style=style)
+        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
+                                                     description="formats", style=style)
+        self.export_button = widgets.Button(description="export figures", icon="download")
+        self.status = widgets.HTML()
+        self.heatmap = go.FigureWidget()
+        self.detail = go.FigureWidget()
+        self.snapshot_view = widgets.Output()
+        self.children = [
+            widgets.HBox([self.directory, self.open_button]),
+            widgets.HBox([self.reference, self.other, self.stat]),
+            widgets.HBox([widgets.VBox([self.site_glob, self.layers, self.outside_layers, self.steps]), self.kinds]),
+            self.status, self.heatmap, self.detail, self.snapshot_view,
+            widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
+        ]
+        self.open_button.on_click(lambda _: self.open_runs(self.directory.value))
+        for control in (self.reference, self.other, self.stat, self.site_glob, self.kinds, self.layers,
+                        self.outside_layers, self.steps):
+            control.observe(lambda _: self.update(), names="value")
+        self.export_button.on_click(lambda _: self.export())
+        self._quiet = False
+        self.open_runs(self.directory.value, reference=reference, other=other)
+
+    # -- data ------------------------------------------------------------------------
+
+    def open_runs(self, directory: str | Path, *, reference: str | None = None, other: str | None = None) -> None:
+        """Open a runs folder and fill the controls from it."""
+        try:
+            workspace = Workspace.open(directory)
+        except WorkbenchError as err:
+            self.status.value = f"<b>cannot open {directory}</b>: {err}"
+            return
+        if len(workspace.recorded) < 2:
+            self.status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
+            return
+        self.workspace, self._matrices = workspace, {}
+        reference = reference or workspace.reference
+        candidates = [n for n in workspace.recorded if n != reference]
+        first_other = other or next((n for n in workspace.others + workspace.floor_runs if n != reference),
+                                    candidates[0])
+        self._quiet = True
+        self.reference.options, self.reference.value = workspace.recorded, reference
+        self.other.options, self.other.value = workspace.recorded, first_other
+        self._quiet = False
+        self.update(reset_ranges=True)
+
+    def _matrix(self) -> pd.DataFrame:
+        """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""
+        assert self.workspace is not None
+        key = (self.reference.value, self.other.value, self.stat.value)
+        if key not in self._matrices:
+            self._matrices[key] = heatmap_matrix(self.workspace.comparison(key[0], key[1]), key[2],
+                                                 relative=self.workspace.relative_difference(*key))
+        return self._matrices[key]
+
+    def selected_sites(self, sites: list[str]) -> list[str]:
+        """``sites`` passing the glob, kind and layer filters."""
+        low, high = self.layers.value
+        kinds = set(self.kinds.value)
+        chosen = []
+        for site in sites:
+            kind, name = split_site(site)
+            layer = layer_of(name)
+            inside = self.outside_layers.value if layer is None else low <= layer <= high
+            if kind in kinds and inside and fnmatch.fnmatchcase(site, self.site_glob.value or "*"):
+                chosen.append(site)
+        return chosen
+
+    # -- views -----------------------------------------------------------------------
+
+    def update(self, *, reset_ranges: bool = False) -> None:
+        if self._quiet or self.workspace is None or not self.reference.value or not self.other.value:
+            return
+        start = time.perf_counter()
+        try:
+            result = self.workspace.comparison(self.reference.value, self.other.value)
+        except WorkbenchError as err:
+            self.status.value = f"<b>cannot compare</b>: {err}"
+            return
+        if reset_ranges:
+            self._reset_ranges(result.common_sites, result.common_steps)
+        full = self._matrix()
+        rows = self.selected_sites(list(full.index))
+        low, high = self.steps.value
+        matrix = full.loc[rows, low:high]
+        figure = divergence_heatmap(result, self.stat.value, matrix=matrix,
+                                    provenance=self.workspace.provenance([result.a, result.b]))
+        with self.heatmap.batch_update():
+            self.heatmap.data = ()
+            self.heatmap.layout = figure.layout
+            self.heatmap.add_traces(figure.data)
+        self.heatmap.data[0].on_click(self._on_click)
+        verdict = ("bitwise identical" if result.identical else
+                   f"first divergence at step <b>{result.first_step}</b>, site <b>{result.first_site}</b>; "
+                   f"origins: {', '.join(result.origin_sites[:4])}")
+        self.last_update_s = time.perf_counter() - start
+        self.status.value = (f"{result.a} vs {result.b}: {verdict}. Showing {len(rows)} of "
+                             f"{len(result.common_sites)} sites, steps {low}..{high} "
+                             f"(updated in {1000 * self.last_update_s:.0f} ms)")
+        if self.selected is None and result.first_site is not None and result.first_site in rows:
+            self.show_site(result.first_site, int(result.first_step))  # type: ignore[arg-type]
+
+    def _reset_ranges(self, sites: list[str], steps: list[int]) -> None:
+        layers = [layer_of(split_site(s)[1]) for s in sites]
+        numbered = [x for x in layers if x is not None]
+        self._quiet = True
+        self.layers.min, self.layers.max = 0, max(numbered, default=0)
+        self.layers.value = (0, max(numbered, default=0))
+        self.steps.max, self.steps.min = max(steps), min(steps)
+        self.steps.value = (min(steps), max(steps))
+        present = [k for k in SITE_KINDS if any(split_site(s)[0] == k for s in sites)]
+        self.kinds.options, self.kinds.value = present, tuple(present)
+        self._quiet = False
+
+    def _on_click(self, trace: Any, points: Any, state: Any) -> None:
+        if points.xs and points.ys:
+            self.show_site(str(points.ys[0]), int(points.xs[0]))
+
+    def show_site(self, site: str, step: int) -> None:
+        """The linked views for one heatmap cell: the site's statistic over steps, and its snapshots."""
+        assert self.workspace is not None
+        self.selected = (site, step)
+        a, b = self.reference.value, self.other.value
+        series = self.workspace.site_series(site, self.stat.value, [a, b])
+        figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
+                                   title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
+        figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
+        with self.detail.batch_update():
+            self.detail.data = ()
+            self.detail.layout = figure.layout
+            self.detail.add_traces(figure.data)
+        self.snapshot_view.clear_output()
+        differences = self.workspace.snapshot_differences(a, b, step, [site])
+        with self.snapshot_view:
+            if differences:
+                go.FigureWidget(elementwise_figure(differences, step=step, a=a, b=b)).show()
+            else:
+                print(f"no snapshots of {site} at step {step} in both runs "
+                      "(record.snapshot_steps / record.snapshot_sites)")
+
+    def figures(self) -> dict[str, go.Figure]:
+        """The figures currently shown, by file name."""
+        shown = {"divergence-heatmap": go.Figure(self.heatmap)}
+        if self.detail.data:
+            shown["site-detail"] = go.Figure(self.detail)
+        return shown
+
+    def export(self) -> list[Path]:
+        from workbench.figures.export import export_figures
+
+        try:
+            written = export_figures(self.figures(), self.export_folder.value, self.export_formats.value)
+        except WorkbenchError as err:
+            self.status.value = f"<b>export failed</b>: {err}"
+            return []
+        self.status.value = f"wrote {len(written)} files to {Path(self.export_folder.value).resolve()}"
+        return written
