@@ -50,7 +50,6 @@ def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypa
     }.get(path.stem, [])
     for snippet in expected:
         assert snippet in text, f"{path.name}: {snippet!r} not in its outputs"
-    figures = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    widgets = [o for c in nb.cells for o in c.get("outputs", [])
-               if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    assert figures or widgets, f"{path.name} showed no figure"
+    shown = {kind for c in nb.cells for o in c.get("outputs", []) for kind in o.get("data", {})}
+    assert shown & {"application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"}, \
+        f"{path.name} showed no figure"

@@ -1,0 +1,116 @@
+"""Figure functions: data in, traces and annotations out (no browser)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.unit.test_compare import SITES, perturb, records
+from workbench.analysis import compare
+from workbench.analysis.cost import COLUMNS
+from workbench.analysis.elementwise import elementwise_difference
+from workbench.analysis.growth import noise_floor
+from workbench.analysis.ladder import ladder
+from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
+from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
+from workbench.figures.style import PALETTE, Provenance
+from workbench.figures.trajectories import trajectory_figure
+
+PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
+
+
+def _annotation_texts(fig) -> list[str]:  # type: ignore[no-untyped-def]
+    return [a.text for a in fig.layout.annotations]
+
+
+def test_heatmap_marks_first_divergence_and_frontier() -> None:
+    a = records("a", steps=8)
+    result = compare(a, perturb(a, "b", step=3, site="act:layers.0.mlp"))
+    fig = divergence_heatmap(result, provenance=PROVENANCE)
+    heat, frontier, first = fig.data
+    assert heat.type == "heatmap" and set(heat.y) == set(SITES) and list(heat.x) == list(range(8))
+    z = np.asarray(heat.z, dtype=float)
+    row = list(heat.y).index("act:layers.0.mlp")
+    assert (z[:, :3] == BITWISE_EQUAL).all() and z[row, 3] > BITWISE_EQUAL  # equal before step 3, not at it
+    assert first.x == (3,) and first.y == ("act:layers.0.mlp",)
+    assert dict(zip(frontier.y, frontier.x))["act:layers.0.mlp"] == 3
+    assert "first divergence at step 3" in fig.layout.title.text
+    assert any("a-1234" in t and "schema v1" in t and "abcdef012345" in t for t in _annotation_texts(fig))
+
+
+def test_heatmap_rows_follow_model_order_and_bins_keep_the_largest_difference() -> None:
+    a = records("a", steps=50)
+    result = compare(a, perturb(a, "b", step=47, site="grad:layers.0.mlp.linear_fc1.weight", later=False))
+    matrix = heatmap_matrix(result)
+    assert list(matrix.index[:2]) == ["param:embedding.word_embeddings.weight", "act:embedding"]  # embedding first
+    fig = divergence_heatmap(result, max_columns=5, max_rows=4)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (4, 5)
+    assert (z > BITWISE_EQUAL).sum() == 1  # the one differing cell survives binning
+    assert fig.data[0].x[-1] == 40  # bins start at steps 0, 10, ..., 40
+
+
+def test_identical_runs_heatmap_and_amplification() -> None:
+    a = records("a")
+    result = compare(a, records("b"))  # same seed: identical
+    assert "bitwise identical" in divergence_heatmap(result).layout.title.text
+    assert len(divergence_heatmap(result).data) == 1
+    assert "nothing to amplify" in amplification_figure(result).layout.title.text
+
+
+def test_amplification_fit_line_follows_the_growth() -> None:
+    a = records("a", steps=12)
+    b = a.stats.copy()
+    fingerprints = a.fingerprints.copy()
+    for step in range(4, 12):
+        b.loc[{"step": step}] = a.stats.sel(step=step) * (1 + 1e-7 * 10 ** (0.5 * (step - 4)))
+        fingerprints.loc[step] = fingerprints.loc[step] ^ 1
+    from workbench.analysis import RunRecords
+
+    fig = amplification_figure(compare(a, RunRecords("b", fingerprints, b, a.model)))
+    fit = fig.data[-1]
+    assert "decades/step" in fit.name and fig.layout.yaxis.type == "log"
+    assert fit.name.startswith("fit: +0.5")
+
+
+def test_trajectory_with_reference_floor_and_difference_panel() -> None:
+    steps = pd.RangeIndex(10, name="step")
+    series = {"ref": pd.Series(np.linspace(5, 2, 10), index=steps),
+              "other": pd.Series(np.linspace(5, 2, 10) + 1e-3, index=steps)}
+    floor = (series["ref"] - 1e-4, series["ref"] + 1e-4)
+    fig = trajectory_figure(series, reference="ref", floor=floor, quantity="loss", provenance=PROVENANCE)
+    names = [t.name for t in fig.data]
+    assert names.count("noise floor") == 2 and "ref" in names and "other" in names
+    diff = [t for t in fig.data if t.name == "other" and t.yaxis == "y2"][0]
+    assert np.allclose(diff.y, 1e-3)
+    assert fig.data[names.index("ref")].line.color == PALETTE[0]
+    with pytest.raises(KeyError, match="reference"):
+        trajectory_figure(series, reference="missing")
+
+
+def test_ladder_figure_draws_runs_and_noise_band() -> None:
+    ref = records("ref")
+    repeat = perturb(ref, "repeat", step=0, site=SITES[0], factor=1 + 1e-6)
+    big = perturb(ref, "bf16", step=0, site=SITES[0], factor=1.01)
+    result = ladder(ref, [big], floor=noise_floor([ref, repeat]))
+    fig = ladder_figure(result, noise=ladder(ref, [repeat]))
+    assert [t.name for t in fig.data].count("noise floor (repeats)") == 2
+    run_trace = [t for t in fig.data if t.name == "bf16" and t.xaxis == "x"][0]
+    assert list(run_trace.x) == ["embedding", "L0", "loss"]
+    assert any("leaves the floor" in t for t in _annotation_texts(fig))
+
+
+def test_elementwise_and_cost_figures() -> None:
+    a = np.arange(64, dtype=np.float32)
+    b = a.copy()
+    b[3] = np.nextafter(b[3], np.float32(100))
+    fig = elementwise_figure({"grad:x": elementwise_difference(a, b)}, step=2, a="r0", b="r1")
+    hist = fig.data[0]
+    assert list(hist.x) == ["0", "1"] and list(hist.y) == [63, 1]
+    assert fig.data[1].orientation == "h" and fig.data[1].x[0] > 0
+    cost = pd.DataFrame([["L4 fp32", 100.0, 110.0, 10.0, 5.0, 15.0, 20, 20]], columns=COLUMNS)
+    fig = cost_figure(cost)
+    assert [t.name for t in fig.data[:2]] == ["deterministic", "default"]
+    tax = fig.data[2]
+    assert tax.y[0] == 10.0 and tax.error_y.array[0] == 5.0 and tax.error_y.arrayminus[0] == 5.0
