@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.findings import study_findings
-from workbench.analysis.ladder import Ladder, ladder
+from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
 from workbench.store.reader import find_runs, list_runs
-from workbench.workspace import Workspace, configuration
+from workbench.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,6 @@ def summarise_study(directory: str | Path) -> StudySummary:
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.reference
     findings = study_findings(records, reference) if reference in records else []
-    others = [records[n] for n in ws.others]
-    comparisons = ladder(records[reference], others, floor=ws.floor) if reference in records and others else None
-    samples = [ThroughputSample(configuration(run.config), run.config.deterministic,
-                                run.scalars.tokens_per_s.to_numpy()) for run in ws.runs.values()]
+    comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
     return StudySummary(runs=list_runs(directory), reference=reference, findings=findings, floor_runs=ws.floor_runs,
-                        ladder=comparisons, cost=determinism_cost(samples))
+                        ladder=comparisons, cost=ws.cost())
