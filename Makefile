@@ -6,9 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean chromium
 
-setup: $(STAMP)
+setup: $(STAMP) chromium
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or pass PYTHON=...)"; exit 1; }
@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[train,notebooks,test]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) chromium
 	$(BIN)/workbench demo --out data/runs/demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -32,3 +32,21 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) data/runs
+
+# PNG/SVG/PDF figure export (kaleido) and the JupyterLab browser test need Chrome/Chromium;
+# HTML export and everything else do not. Installs Debian's chromium when none is found and
+# we are root with apt-get; otherwise says what to do (those tests are then skipped).
+chromium:
+	@if [ -n "$$BROWSER_PATH" ]; then \
+	  if [ -x "$$BROWSER_PATH" ]; then echo "chromium: using BROWSER_PATH=$$BROWSER_PATH"; \
+	  else echo "chromium: BROWSER_PATH=$$BROWSER_PATH is not an executable; static figure export will fail"; fi; \
+	elif [ -x /usr/bin/chromium ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+	    || command -v google-chrome >/dev/null; then \
+	  true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "chromium: installing Debian's chromium (figure export, browser test)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+	    >/dev/null) || echo "chromium: apt-get install failed; PNG/SVG/PDF export and browser tests will be skipped"; \
+	else \
+	  echo "chromium: not found; PNG/SVG/PDF export and its tests will be skipped. Install it (sudo apt-get install chromium) or set BROWSER_PATH to a Chrome/Chromium binary."; \
+	fi

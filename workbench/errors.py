@@ -42,3 +42,7 @@ class CheckpointError(WorkbenchError, RuntimeError):
 
 class NoSitesError(WorkbenchError, LookupError):
     """A run has no per-site records (recording was off, or it stopped before the first flush)."""
+
+
+class ExportError(WorkbenchError, RuntimeError):
+    """A figure could not be exported: no browser for static images, or the browser failed to render it."""

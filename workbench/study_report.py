@@ -14,7 +14,7 @@ import pandas as pd
 from workbench.analysis.findings import study_findings
 from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
-from workbench.store.reader import find_runs, list_runs
+from workbench.store.reader import find_runs, run_table
 from workbench.workspace import Workspace
 
 
@@ -50,10 +50,14 @@ class StudySummary:
 def summarise_study(directory: str | Path) -> StudySummary:
     if not find_runs(directory):
         raise RunNotFoundError(f"{directory}: no runs here; create some with `workbench sweep STUDY.toml`")
-    ws = Workspace.open(directory)
+    return summarise(Workspace.open(directory))
+
+
+def summarise(ws: Workspace) -> StudySummary:
+    """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.reference
     findings = study_findings(records, reference) if reference in records else []
     comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
-    return StudySummary(runs=list_runs(directory), reference=reference, findings=findings, floor_runs=ws.floor_runs,
-                        ladder=comparisons, cost=ws.cost())
+    return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
+                        floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost())

@@ -232,21 +232,22 @@ def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(p.parent for p in directory.rglob(layout.STORE_DIR) if (p / "zarr.json").is_file())
 
 
+RUN_TABLE_COLUMNS = ["name", "run_id", "config", "steps", "status", "final_loss", "path"]
+
+
+def run_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: id, name, config summary, steps, status, final loss, path."""
+    rows = [[run.name, run.run_id, run.config.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
+             run.final_loss, str(run.path)] for run in runs]
+    return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
+
+
 def list_runs(directory: str | os.PathLike[str]) -> pd.DataFrame:
-    """One row per run under ``directory``: id, name, config summary, steps, status, final loss."""
-    rows = []
+    """One row per run under ``directory`` (``run_table``); folders that are not readable runs are skipped."""
+    runs = []
     for run_dir in find_runs(directory):
         try:
-            run = open_run(run_dir)
+            runs.append(open_run(run_dir))
         except (NotARunError, SchemaVersionError):
             continue
-        rows.append({
-            "name": run.name,
-            "run_id": run.run_id,
-            "config": run.config.summary(),
-            "steps": f"{run.steps_completed}/{run.steps_planned}",
-            "status": run.status,
-            "final_loss": run.final_loss,
-            "path": str(run_dir),
-        })
-    return pd.DataFrame(rows, columns=["name", "run_id", "config", "steps", "status", "final_loss", "path"])
+    return run_table(runs)
