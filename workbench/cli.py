@@ -8,6 +8,7 @@
     workbench compare A B [--json]
     workbench check RUN --golden REF [--steps N] [--rtol X]
     workbench resume-check RESUMED REFERENCE [--from-step K]
+    workbench report RUNS... -o report.html [--format html|pdf]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -31,8 +32,8 @@ DEFAULT_RUNS_DIR = Path("data/runs")
 class ProgressPrinter:
     """Progress on one line on a terminal; a line every few seconds in a log."""
 
-    def __init__(self, stream=sys.stderr, interval_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-        self._stream, self._interval = stream, interval_s
+    def __init__(self, stream=None, interval_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+        self._stream, self._interval = stream or sys.stderr, interval_s  # sys.stderr now, not at import
         self._tty = stream.isatty()
         self._last = 0.0
 
@@ -174,6 +175,19 @@ def _cmd_resume_check(args: argparse.Namespace) -> int:
     return 0 if check.identical else 1
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from workbench.report import write_report
+    from workbench.workspace import Workspace
+
+    fmt = args.format or ("pdf" if args.output.suffix.lower() == ".pdf" else "html")
+    printer = ProgressPrinter()
+    start = time.monotonic()
+    path = write_report(Workspace.open(*args.runs), args.output, fmt=fmt, progress=lambda m: printer(f"report: {m}"))
+    printer(f"report: wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {time.monotonic() - start:.1f} s",
+            final=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -224,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--from-step", type=int, default=None, metavar="K",
                         help="check from step K (default: the step the run was resumed from)")
     resume.set_defaults(func=_cmd_resume_check)
+
+    report = verbs.add_parser("report", help="write a self-contained report (figures, findings, manifests)")
+    report.add_argument("runs", type=Path, nargs="+", help="run folders, or folders of runs")
+    report.add_argument("-o", "--output", type=Path, required=True, help="report file (.html or .pdf)")
+    report.add_argument("--format", choices=["html", "pdf"], default=None,
+                        help="default: from the output file's suffix")
+    report.set_defaults(func=_cmd_report)
     return parser
 
 
