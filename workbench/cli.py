@@ -34,7 +34,7 @@ class ProgressPrinter:
 
     def __init__(self, stream=None, interval_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
         self._stream, self._interval = stream or sys.stderr, interval_s  # sys.stderr now, not at import
-        self._tty = stream.isatty()
+        self._tty = self._stream.isatty()
         self._last = 0.0
 
     def __call__(self, message: str, *, final: bool = False) -> None:
