@@ -33,8 +33,9 @@ class Amplification:
     """Median over sites of the relative difference, per step."""
     rate: float
     """Fitted growth of ``overall`` in log10 per step over the growth phase: from the first divergent
-    step until it first comes within ``PLATEAU_DECADES`` of its largest value (NaN if unknown). A
-    chaotic amplification saturates; a fit over the plateau would report a rate near zero."""
+    step until it first comes within ``PLATEAU_DECADES`` of its largest value, when it rose by at
+    least twice that in all (else every step). A chaotic amplification saturates; a fit over the
+    plateau would report a rate near zero. NaN if unknown."""
     intercept: float = float("nan")
     """log10 of the fitted ``overall`` at step 0: the fit is 10 ** (intercept + rate * step)."""
 
@@ -68,8 +69,10 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     values = after.to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         log = np.log10(np.where(values > 0, values, np.nan))
-    if np.isfinite(log).any():  # the growth phase ends where the difference comes within half a decade of its peak
-        end = int(np.argmax(log >= np.nanmax(log) - PLATEAU_DECADES)) + 1
+    finite = log[np.isfinite(log)]
+    if finite.size and finite.max() - finite[0] >= 2 * PLATEAU_DECADES:
+        # a rise of a decade or more saturates: the growth phase ends within half a decade of the peak
+        end = int(np.argmax(log >= finite.max() - PLATEAU_DECADES)) + 1
         after = after.iloc[:max(end, 2)]
     rate, intercept = _fit(after.index.to_numpy(), after.to_numpy(dtype=float))
     return Amplification(stat, per_site, overall, rate, intercept)

@@ -1,0 +1,74 @@
+"""Analysis verbs of the CLI on synthetic run stores: answers, exit codes, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+from workbench.store.synthetic import write_synthetic_run
+from workbench.store.writer import update_manifest
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("pair")
+    a = write_synthetic_run(root / "a", steps=40, sites=60, seed=1)
+    b = write_synthetic_run(root / "b", steps=40, sites=60, seed=1, diverge_at=(12, 30))
+    same = write_synthetic_run(root / "same", steps=40, sites=60, seed=1)
+    update_manifest(same, resumes=[20])
+    return a, b, same
+
+
+def test_compare_json_and_text(pair, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    a, b, _ = pair
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["identical"] is False and result["first_step"] == 12 and len(result["common_steps"]) == 40
+    assert result["first_site"] == result["origin_sites"][0] and len(result["common_sites"]) == 60
+    assert result["growth_log10_per_step"] == pytest.approx(0.01, abs=0.003)  # the synthetic growth rate
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "first divergent step: 12" in out and "decades per step" in out
+
+
+def test_check_and_resume_check_exit_codes(pair, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    a, b, same = pair
+    assert main(["check", str(same), "--golden", str(a)]) == 0
+    assert main(["check", str(b), "--golden", str(a), "--steps", "12"]) == 0  # differs only from step 12 on
+    assert main(["check", str(b), "--golden", str(a), "--steps", "13"]) == 1
+    assert "FAILED" in capsys.readouterr().out
+    assert main(["resume-check", str(same), str(a)]) == 0
+    assert "resumed at step 20" in capsys.readouterr().out
+    assert main(["resume-check", str(b), str(a), "--from-step", "5"]) == 1
+    assert "first differs at step 12" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "{missing}", "{a}"], "no such run"),
+    (["compare", "{tmp}", "{a}"], "not a run store"),
+    (["check", "{a}", "--golden", "{a}", "--rtol", "-1"], "rtol"),
+    (["check", "{a}", "--golden", "{a}", "--steps", "0"], "no step below 0"),
+    (["resume-check", "{a}", "{a}"], "never resumed"),
+    (["resume-check", "{a}", "{a}", "--from-step", "99"], "no recorded step from step 99"),
+    (["report", "{missing}", "-o", "{tmp}/r.html"], "make demo"),
+])
+def test_bad_inputs_give_one_line(pair, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+                                  argv: list[str], message: str) -> None:
+    a, _, _ = pair
+    args = [x.format(a=a, missing=tmp_path / "missing", tmp=tmp_path) for x in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("workbench: error:") and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_runs_of_different_models_cannot_be_compared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=5, sites=10)
+    b = write_synthetic_run(tmp_path / "b", steps=5, sites=10)
+    config = json.loads((b / "run.zarr" / "zarr.json").read_text())["attributes"]["config"]
+    config["model"]["num_layers"] = 7
+    update_manifest(b, config=config)
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "model.num_layers" in capsys.readouterr().err
