@@ -9,6 +9,7 @@
     workbench check RUN --golden REF [--steps N] [--rtol X]
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
+    workbench import-te LOG... --out DIR [--name NAME]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -188,6 +189,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_te(args: argparse.Namespace) -> int:
+    from workbench.importers import import_te_log
+
+    start = time.monotonic()
+    run_dir = import_te_log(args.logs, args.out, name=args.name)
+    print(f"imported {len(args.logs)} path(s) into {run_dir} in {time.monotonic() - start:.1f} s; "
+          f"compare it with another import: workbench compare {run_dir} OTHER")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -245,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=["html", "pdf"], default=None,
                         help="default: from the output file's suffix")
     report.set_defaults(func=_cmd_report)
+
+    te = verbs.add_parser("import-te", help="import Transformer Engine debug statistics logs into a run store")
+    te.add_argument("logs", type=Path, nargs="+", help="log files, or their nvdlfw_inspect_statistics_logs folder")
+    te.add_argument("--out", type=Path, required=True, help="the run folder to create")
+    te.add_argument("--name", default=None, help="run name (default: the folder's name)")
+    te.set_defaults(func=_cmd_import_te)
     return parser
 
 

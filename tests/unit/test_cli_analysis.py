@@ -72,3 +72,19 @@ def test_runs_of_different_models_cannot_be_compared(tmp_path: Path, capsys: pyt
     update_manifest(b, config=config)
     assert main(["compare", str(a), str(b)]) == 2
     assert "model.num_layers" in capsys.readouterr().err
+
+
+def test_import_te_logs_then_compare(pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from workbench.importers import write_te_log
+    from workbench.store.reader import open_run
+
+    a, b, _ = pair
+    for name, run in (("a", a), ("b", b)):
+        write_te_log(tmp_path / f"logs_{name}" / "nvdlfw_inspect_globalrank-0.log", open_run(run).records())
+        assert main(["import-te", str(tmp_path / f"logs_{name}"), "--out", str(tmp_path / f"imported_{name}")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "imported_a"), str(tmp_path / "imported_b"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["first_step"] == 12 and result["first_site"] == open_run(a).records().sites[30]
+    assert main(["import-te", str(tmp_path / "nope.log"), "--out", str(tmp_path / "x")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -150,7 +150,7 @@ class Run:
         """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read
         chunk by chunk when a result needs them, so stores larger than memory work) unless
         ``lazy=False`` loads them."""
-        stats = self.sites()["stats"]
+        stats = self.sites()["stats"].reset_coords(drop=True)  # site metadata would be compared at every operation
         return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=stats if lazy else stats.load(),
                           model=dict(self.manifest["config"]["model"]), status=self.status,
                           resumes=tuple(int(s) for s in self.manifest.get("resumes", [])))

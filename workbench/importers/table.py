@@ -1,0 +1,234 @@
+"""Statistics logged by other tools as one long table, and what the workbench builds from it.
+
+Every importer reads its format into the same *long table*, one row per logged value:
+
+    step   int64     the training iteration
+    site   category  workbench site id, "kind:name"
+    stat   category  workbench statistic name (``STAT_NAMES``) where one matches, else the
+                     tool's own name ("mean", "std", "dynamic_range", ...)
+    value  float64
+
+and this module turns that table into what the rest of the workbench reads:
+
+    records = records_from_table(table, "run-a")         # RunRecords, for workbench.analysis
+    write_run_from_table(table, run_dir, name="run-a",   # a real run store, for every tool
+                         imported={"format": ..., "files": [...]})
+    table = long_table(records, stats=("min", "max", "l2"))   # the other way, for writers
+
+Logs hold no tensor fingerprints, so the fingerprint of a (step, site) is a 64-bit hash of
+the bits of every statistic logged for it (``statistic_fingerprints``): two runs compare
+equal at a site exactly when they logged bitwise the same numbers there. That is weaker
+than a tensor fingerprint: a difference too small to change any logged statistic, or lost
+to the log's rounding, is not seen. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from workbench.analysis.records import RunRecords
+from workbench.config import RecordConfig, RunConfig
+from workbench.errors import WorkbenchError
+from workbench.manifest import new_manifest
+from workbench.sites import layer_of, split_site
+from workbench.statistics import STAT_NAMES
+from workbench.store import layout
+from workbench.store.writer import ScalarWriter, SiteInfo, create_sites_group, create_store, set_status, write_site_rows
+
+LONG_COLUMNS: tuple[str, ...] = ("step", "site", "stat", "value")
+FINGERPRINT_NOTE = "hash of the logged statistics, not of the tensor"
+_BLOCK = 512  # steps written to the store at once (a multiple of the store's step chunk)
+
+
+class ImportFormatError(WorkbenchError, ValueError):
+    """A file given to an importer holds no statistics in the format it reads."""
+
+
+class LogNotFoundError(WorkbenchError, FileNotFoundError):
+    """A log file or folder given to an importer does not exist."""
+
+
+@dataclass(frozen=True)
+class TableArrays:
+    """A long table as dense arrays, duplicates dropped (the first logged value is kept)."""
+
+    steps: np.ndarray
+    """int64 [step], sorted."""
+    sites: list[str]
+    """In order of first appearance at the first step each site was logged at."""
+    stats: list[str]
+    """Every statistic name in the table, in order of first appearance."""
+    values: np.ndarray
+    """float64 [step, site, stat]; NaN where nothing was logged."""
+    present: np.ndarray
+    """bool [step, site, stat]: a value was logged (tells a logged NaN from a missing one)."""
+    conflicting_duplicates: int
+    """(step, site, stat) logged more than once with different values (e.g. by several ranks)."""
+
+
+def table_arrays(table: pd.DataFrame) -> TableArrays:
+    """Dense arrays of a long table (see the module docstring)."""
+    missing = [c for c in LONG_COLUMNS if c not in table.columns]
+    if missing:
+        raise ImportFormatError(f"a long table needs the columns {', '.join(LONG_COLUMNS)}; "
+                                f"missing {', '.join(missing)}")
+    if table.empty:
+        raise ImportFormatError("the table of logged statistics is empty: nothing to import")
+    step_values = table["step"].to_numpy(dtype=np.int64)
+    steps, step_code = np.unique(step_values, return_inverse=True)
+    site_code, site_names = pd.factorize(table["site"], sort=False)  # codes in order of appearance
+    stat_code, stat_names = pd.factorize(table["stat"], sort=False)
+    # Site order: by the first step a site appears at, then by where it first appears.
+    first_step = np.full(len(site_names), len(steps), dtype=np.int64)
+    np.minimum.at(first_step, site_code, step_code)
+    order = np.lexsort((np.arange(len(site_names)), first_step))  # [site] new position -> old code
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    site_code = rank[site_code]
+
+    shape = (len(steps), len(site_names), len(stat_names))
+    flat = np.ravel_multi_index((step_code, site_code, stat_code), shape)  # [row]
+    value = np.ascontiguousarray(table["value"].to_numpy(dtype=np.float64))
+    unique_flat, first = np.unique(flat, return_index=True)
+    conflicts = 0
+    if len(unique_flat) < len(flat):  # several ranks may log one value; keep the first file's
+        kept_bits = value[first].view(np.uint64)[np.searchsorted(unique_flat, flat)]  # [row]
+        conflicts = len(np.unique(flat[value.view(np.uint64) != kept_bits]))
+    values = np.full(shape, np.nan)
+    present = np.zeros(shape, dtype=bool)
+    values.reshape(-1)[unique_flat] = value[first]
+    present.reshape(-1)[unique_flat] = True
+    return TableArrays(steps=steps, sites=[str(site_names[i]) for i in order], stats=[str(s) for s in stat_names],
+                       values=values, present=present, conflicting_duplicates=conflicts)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wraps modulo 2^64): every input bit moves every output bit."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _stat_key(name: str) -> np.uint64:
+    """A 64-bit key per statistic name, so a value moved to another statistic changes the hash."""
+    return np.uint64(int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little"))
+
+
+def statistic_fingerprints(values: np.ndarray, present: np.ndarray, stats: Sequence[str]) -> np.ndarray:
+    """uint64 [step, site]: a hash of the bits of every logged statistic (values [step, site, stat]).
+
+    A sum of one mixed word per logged (statistic, value), so it depends on neither the order
+    of the statistics in the table nor on statistics that were not logged.
+    """
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+    keys = np.array([_stat_key(s) for s in stats], dtype=np.uint64)  # [stat]
+    words = np.where(present, _mix(bits ^ _mix(keys)), np.uint64(0))  # [step, site, stat]
+    return words.sum(axis=-1, dtype=np.uint64)  # the sum wraps modulo 2^64
+
+
+def records_from_table(table: pd.DataFrame, name: str) -> RunRecords:
+    """``RunRecords`` of a long table, fingerprints = ``statistic_fingerprints`` (see the module docstring)."""
+    arrays = table_arrays(table)
+    return _records(arrays, name)
+
+
+def _records(arrays: TableArrays, name: str) -> RunRecords:
+    step_index = pd.Index(arrays.steps, name=layout.STEP_DIM)
+    fingerprints = pd.DataFrame(statistic_fingerprints(arrays.values, arrays.present, arrays.stats),
+                                index=step_index, columns=arrays.sites)
+    stats = xr.DataArray(_workbench_stats(arrays), dims=(layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM),
+                         coords={layout.STEP_DIM: arrays.steps, layout.SITE_DIM: arrays.sites,
+                                 layout.STAT_DIM: list(STAT_NAMES)})
+    return RunRecords(name=name, fingerprints=fingerprints, stats=stats, model={}, status=layout.Status.COMPLETE)
+
+
+def _workbench_stats(arrays: TableArrays) -> np.ndarray:
+    """float64 [step, site, STAT_NAMES]: the table's workbench statistics, NaN where not logged."""
+    out = np.full((*arrays.values.shape[:2], len(STAT_NAMES)), np.nan)
+    for i, stat in enumerate(STAT_NAMES):
+        if stat in arrays.stats:
+            out[..., i] = arrays.values[..., arrays.stats.index(stat)]
+    return out
+
+
+def long_table(records: RunRecords, stats: Sequence[str] = STAT_NAMES) -> pd.DataFrame:
+    """The long table of ``records`` restricted to ``stats``: rows by step, then site, then stat."""
+    unknown = [s for s in stats if s not in STAT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown statistics {unknown}; choose from {', '.join(STAT_NAMES)}")
+    values = records.stats.sel({layout.STAT_DIM: list(stats)}).transpose(
+        layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM).to_numpy()  # [step, site, stat]
+    n_steps, n_sites, n_stats = values.shape
+    return pd.DataFrame({
+        "step": np.repeat(np.asarray(records.steps, dtype=np.int64), n_sites * n_stats),
+        "site": pd.Categorical.from_codes(np.tile(np.repeat(np.arange(n_sites), n_stats), n_steps),
+                                          categories=records.sites),
+        "stat": pd.Categorical.from_codes(np.tile(np.arange(n_stats), n_steps * n_sites), categories=list(stats)),
+        "value": values.reshape(-1),
+    })
+
+
+def row_keys(table: pd.DataFrame, key: Callable[[str, str], str]) -> np.ndarray:
+    """object [row]: ``key(site, stat)`` for every row of a long table, computed once per distinct pair."""
+    sites, stats = table["site"].cat.categories, table["stat"].cat.categories
+    keys = np.asarray([key(str(site), str(stat)) for site in sites for stat in stats], dtype=object)
+    # int64: categorical codes are int8 below 128 categories, and site x stat would wrap around
+    site_code = table["site"].cat.codes.to_numpy().astype(np.int64)
+    stat_code = table["stat"].cat.codes.to_numpy().astype(np.int64)
+    return keys[site_code * len(stats) + stat_code]
+
+
+def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str | None = None,
+                         imported: Mapping[str, Any]) -> Path:
+    """Write a run store from a long table; returns its folder.
+
+    The config is a default ``RunConfig`` with ``steps`` = last logged step + 1 (its model
+    section does not describe the logged model). The per-step scalars (loss, ...) are NaN
+    and every step is marked written, so the run reads as complete. ``imported`` goes into
+    the manifest under ``"imported"``, with what the fingerprints are and what was dropped.
+    """
+    run_dir = Path(run_dir)
+    arrays = table_arrays(table)
+    if arrays.steps[0] < 0:
+        raise ImportFormatError(f"logged steps must be >= 0; the first one is {int(arrays.steps[0])}")
+    steps = int(arrays.steps[-1]) + 1
+    cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
+    manifest = new_manifest(cfg)
+    manifest["imported"] = {**imported, "fingerprint": FINGERPRINT_NOTE,
+                            "statistics_not_stored": [s for s in arrays.stats if s not in STAT_NAMES],
+                            "conflicting_duplicates": arrays.conflicting_duplicates}
+    create_store(run_dir, manifest, steps)
+    create_sites_group(run_dir, [int(s) for s in arrays.steps], _site_infos(arrays))
+
+    fingerprints = statistic_fingerprints(arrays.values, arrays.present, arrays.stats)
+    stats = _workbench_stats(arrays)
+    for start in range(0, len(arrays.steps), _BLOCK):
+        write_site_rows(run_dir, start, stats[start:start + _BLOCK], fingerprints[start:start + _BLOCK])
+
+    writer = ScalarWriter(run_dir, flush_every=steps)
+    no_scalars = {field: (0 if dtype.startswith("int") else np.nan) for field, dtype in layout.SCALAR_FIELDS.items()}
+    for step in range(steps):
+        writer.append(step, no_scalars)
+    writer.close()
+    set_status(run_dir, layout.Status.COMPLETE)
+    return run_dir
+
+
+def _site_infos(arrays: TableArrays) -> list[SiteInfo]:
+    count = arrays.values[..., arrays.stats.index("count")] if "count" in arrays.stats else None  # [step, site]
+    infos = []
+    for i, site in enumerate(arrays.sites):
+        kind, name = split_site(site)
+        layer = layer_of(name)
+        logged = count[:, i][np.isfinite(count[:, i])] if count is not None else np.empty(0)
+        infos.append(SiteInfo(site=site, kind=kind, name=name, layer=-1 if layer is None else layer, order=i,
+                              shape="", dtype="", numel=int(logged[0]) if logged.size else 0))
+    return infos
