@@ -38,3 +38,17 @@ def test_readme_commands_and_ci_agree() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_analysis_figures_widgets_and_store_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    modules = ["workbench.analysis", "workbench.analysis.ladder", "workbench.analysis.elementwise",
+               "workbench.figures.divergence", "workbench.figures.studies", "workbench.figures.trajectories",
+               "workbench.figures.export", "workbench.widgets.explorer", "workbench.workspace", "workbench.report",
+               "workbench.store.reader", "workbench.importers", "workbench.study_report"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
+            "bad = [m for m in ('torch', 'megatron') if m in sys.modules]\nprint(','.join(bad))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "", f"these layers pulled in {done.stdout.strip()}"
