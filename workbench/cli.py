@@ -10,6 +10,7 @@
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
+    workbench anomalies RUN [--spike-factor F] [--window N]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -199,6 +200,25 @@ def _cmd_import_te(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_anomalies(args: argparse.Namespace) -> int:
+    from workbench.analysis.anomalies import AnomalyRules, find_anomalies
+    from workbench.errors import NoSitesError
+    from workbench.store.reader import open_run
+
+    run = open_run(args.run)
+    try:
+        records = run.records()
+    except NoSitesError:
+        records = None  # scalars only: loss spikes, gradient norms, a NaN loss
+    found = find_anomalies(run.scalars, records, AnomalyRules(window=args.window, spike_factor=args.spike_factor))
+    if found.empty:
+        print(f"{run.name}: no anomalies in {run.steps_completed} steps")
+        return 0
+    print(f"{run.name}: {len(found)} anomalies")
+    print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -262,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
     te.add_argument("--out", type=Path, required=True, help="the run folder to create")
     te.add_argument("--name", default=None, help="run name (default: the folder's name)")
     te.set_defaults(func=_cmd_import_te)
+
+    anomalies = verbs.add_parser("anomalies", help="first NaN/Inf, loss spikes, gradient norms, update ratios "
+                                 "(exit 1 if any)")
+    anomalies.add_argument("run", type=Path)
+    anomalies.add_argument("--window", type=int, default=20, help="steps in the rolling baseline")
+    anomalies.add_argument("--spike-factor", type=float, default=6.0,
+                           help="a loss spike lies this many MADs above the rolling median")
+    anomalies.set_defaults(func=_cmd_anomalies)
     return parser
 
 

@@ -88,3 +88,16 @@ def test_import_te_logs_then_compare(pair, tmp_path: Path, capsys: pytest.Captur
     assert result["first_step"] == 12 and result["first_site"] == open_run(a).records().sites[30]
     assert main(["import-te", str(tmp_path / "nope.log"), "--out", str(tmp_path / "x")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_anomalies_verb(pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import zarr
+
+    a, _, _ = pair
+    assert main(["anomalies", str(a)]) == 0
+    assert "no anomalies in 40 steps" in capsys.readouterr().out
+    spiky = write_synthetic_run(tmp_path / "spiky", steps=40, sites=20)
+    zarr.open_array(spiky / "run.zarr" / "scalars" / "loss", mode="r+")[30] = 50.0
+    assert main(["anomalies", str(spiky)]) == 1
+    out = capsys.readouterr().out
+    assert "loss_spike" in out and " 30 " in out
