@@ -22,12 +22,13 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.offline
 
+from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.study_report import StudySummary, summarise
-from workbench.workspace import REPEAT, Workspace
+from workbench.workspace import Workspace
 
 MAX_PAIRS = 8
 """Heatmap and growth figures for at most this many pairs, so a report of a large study stays readable."""
@@ -36,13 +37,7 @@ MAX_PAIRS = 8
 def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
     """Pairs worth a heatmap: repeats against their first repeat, then every other run against the reference."""
     pairs: list[tuple[str, str]] = []
-    groups: dict[str, list[str]] = {}
-    for name in ws.recorded:
-        match = REPEAT.match(name)
-        if match:
-            groups.setdefault(match["base"], []).append(name)
-    for names in groups.values():
-        first, *rest = sorted(names)
+    for first, *rest in repeat_groups(ws.recorded).values():
         pairs += [(first, other) for other in rest]
     pairs += [(ws.reference, n) for n in ws.recorded if n != ws.reference and not REPEAT.match(n)]
     return pairs[:MAX_PAIRS]

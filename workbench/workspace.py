@@ -16,7 +16,6 @@ on one process; the *noise floor* runs are the largest group of nondeterministic
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +26,7 @@ import xarray as xr
 from workbench.analysis.compare import Comparison, compare, relative_difference
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
+from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
@@ -36,7 +36,6 @@ from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.reader import Run, find_runs, open_run
 
-REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
 DEMO_RUNS = Path("data/runs/demo")
 
 
@@ -120,12 +119,8 @@ class Workspace:
 
     @cached_property
     def floor_runs(self) -> list[str]:
-        repeats: dict[str, list[str]] = {}
-        for name in self.recorded:
-            match = REPEAT.match(name)
-            if match and not self.runs[name].config.deterministic:
-                repeats.setdefault(match["base"], []).append(name)
-        runs = max(repeats.values(), key=len, default=[])
+        nondeterministic = [n for n in self.recorded if not self.runs[n].config.deterministic]
+        runs = max(repeat_groups(nondeterministic).values(), key=len, default=[])
         if runs and self.reference in self.recorded and \
                 configuration(self.runs[self.reference].config) == configuration(self.runs[runs[0]].config):
             runs = [self.reference, *runs]

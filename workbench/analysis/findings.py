@@ -13,7 +13,18 @@ from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.records import RunRecords
 from workbench.analysis.resume import resume_check
 
-_REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
+REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
+"""Repeats of one configuration are named ``<base>-r<i>``."""
+
+
+def repeat_groups(names: list[str]) -> dict[str, list[str]]:
+    """Repeats by their base name, each group sorted (``det-r0``, ``det-r1`` under ``det``)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        match = REPEAT.match(name)
+        if match:
+            groups.setdefault(match["base"], []).append(name)
+    return {base: sorted(group) for base, group in groups.items()}
 
 
 def _largest(result: Comparison) -> float:
@@ -33,19 +44,15 @@ def describe(result: Comparison, label: str) -> str:
 def study_findings(records: dict[str, RunRecords], reference: str) -> list[str]:
     """One sentence per comparison: repeats against their first repeat, every other run against ``reference``."""
     lines = []
-    groups: dict[str, list[str]] = {}
-    for name in records:
-        match = _REPEAT.match(name)
-        if match:
-            groups.setdefault(match["base"], []).append(name)
+    groups = repeat_groups(list(records))
     for names in groups.values():
-        first, *others = sorted(names)
+        first, *others = names
         for other in others:
             lines.append(describe(compare(records[first], records[other]), f"repeats {first} vs {other}"))
-    noise = [compare(records[sorted(n)[0]], records[sorted(n)[1]]) for n in groups.values() if len(n) > 1]
+    noise = [compare(records[n[0]], records[n[1]]) for n in groups.values() if len(n) > 1]
     floor = max((_largest(r) for r in noise if not r.identical), default=None)
     for name, run in records.items():
-        if name == reference or _REPEAT.match(name):
+        if name == reference or REPEAT.match(name):
             continue
         if run.resumes:
             lines.append(resume_check(run, records[reference]).summary())

@@ -85,20 +85,18 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
                       tickvals=ticks, ticktext=["equal", "bits only", *map(str, ticks[2:])]),
         hovertemplate="step %{x}<br>%{y}<br>log10 relative difference %{z:.2f}<extra></extra>", name="difference"))
     _mark_layers(fig, row_names)
-    names = set(row_names)
     shown_steps = (int(full.columns.min()), int(full.columns.max())) if full.shape[1] else (0, -1)
     frontier = result.frontier.reindex([s for s in full.index if s in result.frontier.index]).dropna()
     frontier = frontier[(frontier >= shown_steps[0]) & (frontier <= shown_steps[1])]
     if len(frontier):
-        binned = {str(full.index[i]): str(full.index[i]) for i in row_starts}
-        y = [binned.get(s, _bin_of(s, full.index, row_starts)) for s in frontier.index]
+        y = _bin_names(list(frontier.index), full.index, row_starts)
         fig.add_trace(go.Scatter(x=frontier.to_numpy(), y=y, mode="lines", line=dict(color="#D55E00", width=1.5),
                                  name="frontier (first divergent step per site)",
                                  hovertemplate="%{y}<br>first differs at step %{x}<extra></extra>"))
     if result.first_site in full.index and result.first_step is not None and \
             shown_steps[0] <= result.first_step <= shown_steps[1]:
         first_site = str(result.first_site)
-        y0 = first_site if first_site in names else _bin_of(first_site, full.index, row_starts)
+        y0 = _bin_names([first_site], full.index, row_starts)[0]
         fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name="first divergence",
                                  marker=dict(symbol="x", size=13, color="#000000", line=dict(width=2))))
         fig.add_annotation(x=result.first_step, y=y0, text=f"first: step {result.first_step}<br>{result.first_site}",
@@ -115,9 +113,10 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     return fig
 
 
-def _bin_of(site: str, order: pd.Index, starts: np.ndarray) -> str:
-    position = int(order.get_loc(site))
-    return str(order[starts[np.searchsorted(starts, position, side="right") - 1]])
+def _bin_names(sites: list[str], order: pd.Index, starts: np.ndarray) -> list[str]:
+    """The row label (first site of its bin) under which each of ``sites`` is drawn."""
+    bins = np.searchsorted(starts, order.get_indexer(sites), side="right") - 1
+    return [str(order[starts[b]]) for b in bins]
 
 
 def _layer_starts(rows: list[str]) -> list[int]:

@@ -19,7 +19,9 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
 from workbench.analysis.ladder import Ladder, layer_order
-from workbench.figures.style import FLOOR_COLOUR, PALETTE, Provenance, apply_style, colour
+from workbench.figures.style import PALETTE, Provenance, apply_style, colour, floor_band
+
+NOISE = "noise floor (repeats)"
 
 
 def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, provenance: Provenance | None = None) -> go.Figure:
@@ -31,9 +33,10 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, provenance: Pr
     layers = layer_order([str(c) for c in final.columns])
     if noise is not None and not noise.per_layer.empty:
         noise_final = noise.final_by_layer().reindex(columns=layers)
-        _band(fig, layers, noise_final.min(), noise_final.max(), col=1, show=True)
+        floor_band(fig, layers, noise_final.min(), noise_final.max(), col=1, name=NOISE, log=True)
         over_steps = noise.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
-        _band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, show=False)
+        floor_band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, name=NOISE,
+                   show=False, log=True)
     for i, run in enumerate(final.index):
         values = final.loc[run, layers].to_numpy(dtype=float)
         fig.add_trace(go.Scatter(x=layers, y=np.where(values > 0, values, np.nan), mode="lines+markers",
@@ -53,13 +56,6 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, provenance: Pr
     fig.update_xaxes(title="layer", col=1)
     fig.update_xaxes(title="step", col=2)
     return fig
-
-
-def _band(fig: go.Figure, x: list, low: pd.Series, high: pd.Series, *, col: int, show: bool) -> None:  # type: ignore[type-arg]
-    low_values = np.where(low.to_numpy(dtype=float) > 0, low.to_numpy(dtype=float), np.nan)
-    fig.add_trace(go.Scatter(x=[*x, *x[::-1]], y=[*low_values, *high.to_numpy(dtype=float)[::-1]], fill="toself",
-                             fillcolor=FLOOR_COLOUR, line=dict(width=0), name="noise floor (repeats)",
-                             hoverinfo="skip", showlegend=show, legendgroup="floor"), row=1, col=col)
 
 
 def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step: int, a: str, b: str,

@@ -11,8 +11,10 @@ version and the code revision, so a figure cut out of a report still says where 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import plotly.graph_objects as go
 
 PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255")
@@ -56,3 +58,15 @@ def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = N
                            xanchor="left", yanchor="bottom", showarrow=False, align="left",
                            font=dict(size=9, color="#666666"), name="provenance")
     return fig
+
+
+def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[float], *,  # type: ignore[type-arg]
+               row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
+               log: bool = False) -> None:
+    """The noise floor as a grey band from ``low`` to ``high`` over ``x`` (on a log axis, values <= 0 are gaps)."""
+    lows = np.asarray(low, dtype=float)
+    if log:
+        lows = np.where(lows > 0, lows, np.nan)
+    fig.add_trace(go.Scatter(x=[*x, *x[::-1]], y=[*lows, *np.asarray(high, dtype=float)[::-1]], fill="toself",
+                             fillcolor=FLOOR_COLOUR, line=dict(width=0), name=name, hoverinfo="skip",
+                             showlegend=show, legendgroup="floor"), row=row, col=col)

@@ -17,14 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.figures.style import FLOOR_COLOUR, Provenance, apply_style, colour
-
-
-def _band(fig: go.Figure, low: pd.Series, high: pd.Series, *, row: int, name: str, show: bool) -> None:
-    x = list(low.index) + list(high.index[::-1])
-    y = list(low.to_numpy()) + list(high.to_numpy()[::-1])
-    fig.add_trace(go.Scatter(x=x, y=y, fill="toself", fillcolor=FLOOR_COLOUR, line=dict(width=0), name=name,
-                             hoverinfo="skip", showlegend=show, legendgroup="floor"), row=row, col=1)
+from workbench.figures.style import Provenance, apply_style, colour, floor_band
 
 
 def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,
@@ -38,7 +31,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
     fig = make_subplots(rows=2 if with_diff else 1, cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         row_heights=[0.62, 0.38] if with_diff else [1.0])
     if floor is not None:
-        _band(fig, floor[0], floor[1], row=1, name="noise floor", show=True)
+        floor_band(fig, list(floor[0].index), floor[0], floor[1], row=1)
     for i, (name, values) in enumerate(series.items()):
         width = 2.4 if name == reference else 1.5
         values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
@@ -48,8 +41,8 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         assert reference is not None
         ref = series[reference]
         if floor is not None:
-            _band(fig, floor[0] - ref.reindex(floor[0].index), floor[1] - ref.reindex(floor[1].index), row=2,
-                  name="noise floor", show=False)
+            floor_band(fig, list(floor[0].index), floor[0] - ref.reindex(floor[0].index),
+                       floor[1] - ref.reindex(floor[1].index), row=2, show=False)
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue
