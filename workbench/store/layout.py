@@ -78,6 +78,16 @@ def snapshot_path(step: int, kind: str, name: str) -> str:
     return f"{SNAPSHOTS_GROUP}/step_{step:06d}/{kind}/{name}"
 
 
+def snapshot_arrays(store: Path) -> list[tuple[int, str, str]]:
+    """(step, kind, name) of every snapshot array written under a run's store, sorted."""
+    found = []
+    for meta in sorted((store / SNAPSHOTS_GROUP).glob("step_*/*/*/zarr.json")):
+        name_dir = meta.parent
+        kind_dir = name_dir.parent
+        found.append((int(kind_dir.parent.name.removeprefix("step_")), kind_dir.name, name_dir.name))
+    return found
+
+
 class Status:
     CREATED = "created"
     RUNNING = "running"

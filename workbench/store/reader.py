@@ -173,11 +173,9 @@ class Run:
 
     def snapshots(self) -> dict[int, list[str]]:
         """Recorded snapshots: step -> sites ("kind:name")."""
-        root = self.paths.store / layout.SNAPSHOTS_GROUP
         found: dict[int, list[str]] = {}
-        for meta in sorted(root.glob("step_*/*/*/zarr.json")):
-            step_dir, kind_dir, name_dir = meta.parent.parent.parent, meta.parent.parent, meta.parent
-            found.setdefault(int(step_dir.name.removeprefix("step_")), []).append(f"{kind_dir.name}:{name_dir.name}")
+        for step, kind, name in layout.snapshot_arrays(self.paths.store):
+            found.setdefault(step, []).append(f"{kind}:{name}")
         return found
 
     @property
