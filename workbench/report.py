@@ -4,10 +4,11 @@
     workbench report data/runs/demo -o report.pdf --format pdf
 
 ``report_figures`` picks the figures a set of runs supports: losses against the noise
-floor, the heatmap and growth of each run against the reference (repeats against each
-other), the precision/layout ladder, element-wise snapshot differences, and the cost of
-determinism. The HTML file embeds plotly.js once and works offline; the PDF is the same
-page with static SVG figures printed by headless Chromium.
+floor with every run's anomalies marked (and listed in a table), the heatmap and growth of
+each run against the reference (repeats against each other), the precision/layout ladder,
+element-wise snapshot differences, and the cost of determinism. The HTML file embeds
+plotly.js once and works offline; the PDF is the same page with static SVG figures printed
+by headless Chromium.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 
+from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
 from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
@@ -32,6 +35,8 @@ from workbench.workspace import Workspace
 
 MAX_PAIRS = 8
 """Heatmap and growth figures for at most this many pairs, so a report of a large study stays readable."""
+MAX_ANOMALY_ROWS = 40
+"""Rows of the anomaly table shown; the loss figure marks them all."""
 
 
 def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
@@ -43,10 +48,28 @@ def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
     return pairs[:MAX_PAIRS]
 
 
+def anomaly_table(ws: Workspace) -> pd.DataFrame:
+    """``Workspace.anomalies`` of every run in one table, with a leading ``run`` column."""
+    tables = [ws.anomalies(name).assign(run=name) for name in ws.names]
+    tables = [t for t in tables if not t.empty]  # pandas warns about concatenating empty tables
+    if not tables:
+        return pd.DataFrame(columns=["run", *ANOMALY_COLUMNS])
+    return pd.concat(tables, ignore_index=True)[["run", *ANOMALY_COLUMNS]]
+
+
+def _anomaly_text(found: pd.DataFrame) -> str:
+    if found.empty:
+        return "no anomalies in any run"
+    shown = found[["run", "step", "rule", "site", "value"]].head(MAX_ANOMALY_ROWS)
+    more = f"\n... and {len(found) - len(shown)} more" if len(found) > len(shown) else ""
+    return shown.to_string(index=False, float_format=lambda x: f"{x:.4g}") + more
+
+
 def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     """Figures by file-safe name, in reading order."""
     figures = {"loss": trajectory_figure(ws.scalar("loss"), reference=ws.reference, floor=ws.scalar_floor("loss"),
-                                         provenance=ws.provenance(), title="loss of every run")}
+                                         provenance=ws.provenance(), title="loss of every run",
+                                         anomalies=anomaly_table(ws))}
     for a, b in comparison_pairs(ws):
         result = ws.comparison(a, b)
         figures[f"heatmap-{a}-vs-{b}"] = divergence_heatmap(result, provenance=ws.provenance([a, b]))
@@ -86,6 +109,7 @@ li {{ margin: 0.3em 0; }}
 <h2>Runs</h2><pre>{html.escape(summary.runs.drop(columns=["path"]).to_string(index=False))}</pre>
 <h2>Findings (reference {html.escape(summary.reference)})</h2><ul>{findings}</ul>
 <h2>Summary</h2><pre>{html.escape(summary.text())}</pre>
+<h2>Anomalies</h2><pre>{html.escape(_anomaly_text(anomaly_table(ws)))}</pre>
 <h2>Figures</h2>{figures}
 <h2>Manifests</h2>{manifests}
 </body></html>

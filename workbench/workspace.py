@@ -6,6 +6,7 @@ the study summary and the report read from.
     ws.comparison("det-r0", "tp2")                    # cached analysis.compare
     ws.scalar("loss"), ws.scalar_floor("loss")        # per-run Series, noise-floor envelope
     ws.provenance(["det-r0", "tp2"])                  # for figure footers
+    ws.anomalies("tp2")                               # cached analysis.anomalies.find_anomalies
 
 Opening reads manifests and fingerprints; statistics stay lazy until a result needs them.
 The roles: the *reference* is ``det-r0`` if present, else the first deterministic fp32 run
@@ -23,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
+from workbench.analysis.anomalies import AnomalyRules, find_anomalies
 from workbench.analysis.compare import Comparison, compare, relative_difference
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
@@ -31,7 +33,7 @@ from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
-from workbench.errors import RunNotFoundError
+from workbench.errors import NoSitesError, RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.reader import Run, find_runs, open_run
@@ -66,6 +68,7 @@ class Workspace:
         self._records: dict[str, RunRecords] = {}
         self._comparisons: dict[tuple[str, str], Comparison] = {}
         self._stat_values: dict[tuple[str, str], xr.DataArray] = {}
+        self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -100,6 +103,17 @@ class Workspace:
                 raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
             self._records[name] = self.runs[name].records()  # NoSitesError for a run without records
         return self._records[name]
+
+    def anomalies(self, name: str, rules: AnomalyRules | None = None) -> pd.DataFrame:
+        """``analysis.anomalies.find_anomalies`` of one run (from its scalars alone if it has no records); cached."""
+        rules = rules or AnomalyRules()
+        if (name, rules) not in self._anomalies:
+            try:
+                records: RunRecords | None = self.records(name)
+            except NoSitesError:
+                records = None  # scalars only: loss spikes, gradient norms, a NaN loss
+            self._anomalies[(name, rules)] = find_anomalies(self.runs[name].scalars, records, rules)
+        return self._anomalies[(name, rules)]
 
     def comparison(self, a: str, b: str) -> Comparison:
         if (a, b) not in self._comparisons:

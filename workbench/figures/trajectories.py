@@ -6,7 +6,8 @@
 Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel
 shows every other run minus the reference, so differences of 1e-6 on a loss of 2 are
 visible; the noise floor (the envelope of repeats of one configuration) is drawn as a
-grey band in both panels.
+grey band in both panels. ``anomalies`` (a ``find_anomalies`` table, with a ``run`` column
+when there are several runs) are marked on the curves by ``figures.anomalies.mark_anomalies``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.figures.anomalies import mark_anomalies
 from workbench.figures.style import Provenance, apply_style, colour, floor_band
 
 
 def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,
                       floor: tuple[pd.Series, pd.Series] | None = None, quantity: str = "loss",
                       log_y: bool = False, provenance: Provenance | None = None,
-                      title: str | None = None) -> go.Figure:
+                      title: str | None = None, anomalies: pd.DataFrame | None = None) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``."""
     if reference is not None and reference not in series:
         raise KeyError(f"reference {reference!r} is not among the runs {', '.join(series)}")
@@ -54,4 +56,6 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                 height=600 if with_diff else 460)
     fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)
     fig.update_xaxes(title="step", row=2 if with_diff else 1, col=1)
+    if anomalies is not None:
+        mark_anomalies(fig, anomalies, row=1, col=1)
     return fig
