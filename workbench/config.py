@@ -32,6 +32,12 @@ class Precision(StrEnum):
     FP8 = "fp8"
 
 
+class FaultKind(StrEnum):
+    NONE = "none"
+    BITFLIP = "bitflip"
+    SCALE = "scale"
+
+
 class PositionEmbedding(StrEnum):
     LEARNED_ABSOLUTE = "learned_absolute"
     ROPE = "rope"
@@ -208,6 +214,46 @@ class RecordConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FaultConfig:
+    """A fault injected on purpose, to try anomaly detection, replay and bisect on a known cause."""
+
+    kind: FaultKind = FaultKind.NONE
+    """``none``, ``bitflip`` (flip one bit of one element) or ``scale`` (multiply the tensor by ``factor``)."""
+    site: str = ""
+    """``act:<module>`` (a module's output in the forward pass, e.g. ``act:layers.1.mlp``) or
+    ``grad:<parameter>`` (a parameter's reduced gradient, e.g. ``grad:layers.1.mlp.linear_fc1.weight``)."""
+    step: int = 0
+    """The step at which the fault happens (once)."""
+    index: int = 0
+    """Bit flip: flat index of the element in the rank's local tensor (the first micro-batch's output)."""
+    bit: int = 30
+    """Bit flip: the bit, 0 = least significant; 30 is the top exponent bit of an fp32 number."""
+    factor: float = 1000.0
+    """Scale: the factor."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _enum(FaultKind, self.kind, "fault.kind"))
+        if self.kind is FaultKind.NONE:
+            return
+        kind, _, name = self.site.partition(":")
+        _require(kind in ("act", "grad") and name != "", "fault.site", self.site,
+                 "\"act:<module>\" such as \"act:layers.1.mlp\" or \"grad:<parameter>\"")
+        for field_name in ("step", "index"):
+            value = getattr(self, field_name)
+            _require(isinstance(value, int) and value >= 0, f"fault.{field_name}", value, "a whole number >= 0")
+        _require(isinstance(self.bit, int) and 0 <= self.bit < 32, "fault.bit", self.bit, "a whole number in [0, 32)")
+        _require(isinstance(self.factor, (int, float)) and self.factor == self.factor, "fault.factor", self.factor,
+                 "a number")
+
+    def describe(self) -> str:
+        if self.kind is FaultKind.NONE:
+            return "none"
+        what = f"flip bit {self.bit} of element {self.index}" if self.kind is FaultKind.BITFLIP \
+            else f"multiply by {self.factor:g}"
+        return f"{what} of {self.site} at step {self.step}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run: model, layout, precision, determinism, schedule and data."""
 
@@ -218,6 +264,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     precision: Precision = Precision.FP32
     """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
     deterministic: bool = True
@@ -257,6 +304,8 @@ class RunConfig:
             _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
         _require(all(s < self.steps for s in self.record.snapshot_steps), "record.snapshot_steps",
                  self.record.snapshot_steps, f"steps below steps ({self.steps})")
+        _require(self.fault.kind is FaultKind.NONE or self.fault.step < self.steps, "fault.step", self.fault.step,
+                 f"a step below steps ({self.steps})")
 
     @property
     def num_microbatches(self) -> int:
@@ -301,12 +350,14 @@ class RunConfig:
         data.pop("flush_every")
         data.pop("checkpoint_every")
         data.pop("record")
+        if data["fault"]["kind"] == FaultKind.NONE.value:
+            data.pop("fault")  # runs without a fault keep the hash they had before faults existed
         text = json.dumps(data, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "optim": OptimConfig,
-                              "data": DataConfig, "record": RecordConfig}
+                              "data": DataConfig, "record": RecordConfig, "fault": FaultConfig}
 
 
 def _enum(kind: type[StrEnum], value: object, name: str) -> Any:

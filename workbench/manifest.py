@@ -58,6 +58,7 @@ def new_manifest(cfg: RunConfig, *, resumed: bool = False) -> dict[str, Any]:
                    "world_size": cfg.layout.world_size},
         "precision": cfg.precision.value,
         "determinism": determinism.describe(cfg.deterministic),
+        "fault": cfg.fault.describe(),
         "versions": library_versions(),
         "host": socket.gethostname(),
         "platform": platform.platform(),

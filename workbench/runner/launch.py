@@ -135,8 +135,11 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
 
 
 def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = False, stop_after: int | None = None,
-           overwrite: bool = False, progress: ProgressFn | None = None) -> Path:
-    """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails."""
+           overwrite: bool = False, progress: ProgressFn | None = None, trace_step: int | None = None) -> Path:
+    """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails.
+
+    ``trace_step``: run that step under the operation tracer (``workbench.runner.optrace``).
+    """
     paths = layout.RunPaths(Path(run_dir))
     if cfg.precision is Precision.FP8:
         from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
@@ -159,7 +162,8 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         if paths.run_dir.exists() and overwrite:
             shutil.rmtree(paths.run_dir)
         create_store(paths.run_dir, new_manifest(cfg), cfg.steps)
-    args = (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else [])
+    args = (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
+        + (["--trace-step", str(trace_step)] if trace_step is not None else [])
     ranks = _spawn(cfg, paths, args)
     failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
     if failed is not None:

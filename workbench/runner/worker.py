@@ -3,12 +3,14 @@
 Started by the launcher (``workbench.runner.launch``) once per rank, with ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its environment:
 
-    python -m workbench.runner.worker RUN_DIR [--resume] [--stop-after K]
+    python -m workbench.runner.worker RUN_DIR [--resume] [--stop-after K] [--trace-step K]
 
 It reads the config from the run's manifest, builds the model for its place in the
 TP x PP x DP grid, trains with the schedule from ``get_forward_backward_func`` (1F1B when
 PP > 1), and global rank 0 writes one row of scalars per step into the store. Progress
-lines on stdout start with ``PROGRESS`` for the launcher to show.
+lines on stdout start with ``PROGRESS`` for the launcher to show. With ``--trace-step K``
+step K runs under the operation tracer (``workbench.runner.optrace``) and the ranks of
+data-parallel replica 0 write their traces into the run folder.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from workbench.recorder import Recorder
+        from workbench.runner import faults
         from workbench.runner.model import build_model
         from workbench.runner.nondeterminism import emulate_atomics
         from workbench.runner.optimizer import build_optimizer, build_scheduler
@@ -62,6 +65,9 @@ class Trainer:
         self.corpus = SyntheticCorpus(vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length,
                                       seed=cfg.data.seed, branching=cfg.data.branching)
         self.dp_rank = ps.get_data_parallel_rank()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        # Before the recorder, so that the recorder's hooks see the fault's result.
+        self.fault = faults.attach(cfg.fault, self.model, dp_rank=self.dp_rank)
         self.reports_loss = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
         s = cfg.model.seq_length
         self.position_ids = torch.arange(s, device=device).unsqueeze(0).expand(cfg.micro_batch_size, s)
@@ -92,6 +98,8 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         start = time.perf_counter()
+        if self.fault is not None:
+            self.fault.step = step
         self.model.ddp.zero_grad_buffer()
         if self.recorder is not None:
             self.recorder.step_begin(step)
@@ -169,7 +177,17 @@ def _exit_when_orphaned(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
-def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
+def _traced_step(trainer: Trainer, step: int, paths: layout.RunPaths, rank: int) -> dict[str, float]:
+    from workbench.runner.optrace import OpTracer
+
+    with OpTracer([trainer.model.ddp], rank=rank, tp_rank=trainer.tp_rank) as tracer:
+        row = trainer.train_step(step)
+    if trainer.dp_rank == 0:
+        tracer.write(paths.op_trace(step, rank))
+    return row
+
+
+def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int | None = None) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -204,6 +222,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
     if rank == 0:
         record = dict(manifest["determinism"])
         record.update(determinism.describe(cfg.deterministic, trainer.emulated))
+        if trainer.fault is not None:
+            record["fault"] = cfg.fault.describe()
         update_manifest(run_dir, runtime=runtime_facts(device), determinism=record, status=layout.Status.RUNNING,
                         resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []))
     writer = ScalarWriter(run_dir, cfg.flush_every) if rank == 0 else None
@@ -217,7 +237,7 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None) -> None:
         if step == cfg.steps or (stop_after is not None and step >= stop_after):
             break
         _check_injected_failure(rank, step)
-        row = trainer.train_step(step)
+        row = _traced_step(trainer, step, paths, rank) if step == trace_step else trainer.train_step(step)
         if writer:
             writer.append(step, row)
             print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f} "
@@ -236,8 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--trace-step", type=int, default=None)
     args = parser.parse_args(argv)
-    run(args.run_dir, resume=args.resume, stop_after=args.stop_after)
+    run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step)
 
 
 if __name__ == "__main__":

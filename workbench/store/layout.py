@@ -43,6 +43,7 @@ STORE_KIND = "workbench.run"
 STORE_DIR = "run.zarr"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
+OP_TRACES_DIR = "op_traces"
 
 SCALARS_GROUP = "scalars"
 STEP_DIM = "step"
@@ -121,6 +122,17 @@ class RunPaths:
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:06d}"
+
+    @property
+    def op_traces(self) -> Path:
+        return self.run_dir / OP_TRACES_DIR
+
+    def op_trace(self, step: int, rank: int) -> Path:
+        """One rank's operation trace of one step: JSON lines, one operation per line."""
+        return self.op_traces / f"step_{step:06d}" / f"rank{rank}.jsonl"
+
+    def op_trace_ranks(self, step: int) -> list[Path]:
+        return sorted((self.op_traces / f"step_{step:06d}").glob("rank*.jsonl"))
 
     def checkpoint_steps(self) -> list[int]:
         """Steps with a complete checkpoint (its ``meta.json`` is written last)."""

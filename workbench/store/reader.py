@@ -67,11 +67,24 @@ class Run:
         """Per planned step: whether its row has been written (re-read on every access)."""
         return np.asarray(layout.array(self._scalars, layout.DONE_FIELD)[:], dtype=bool)
 
+    def _completed_span(self) -> tuple[int, int]:
+        """[first, end) of the steps written without a gap from the first written one."""
+        done = self.done
+        if not done.any():
+            return 0, 0
+        first = int(np.argmax(done))
+        rest = done[first:]
+        return first, first + (int(np.argmin(rest)) if not rest.all() else len(rest))
+
+    @property
+    def first_step(self) -> int:
+        """The first step written: 0, except for a replay, which starts at its checkpoint."""
+        return self._completed_span()[0]
+
     @property
     def steps_completed(self) -> int:
-        """Steps written without a gap from step 0."""
-        done = self.done
-        return int(np.argmin(done)) if not done.all() else len(done)
+        """The end (exclusive) of the steps written without a gap from the first one."""
+        return self._completed_span()[1]
 
     @property
     def status(self) -> str:
@@ -85,16 +98,17 @@ class Run:
     def scalars(self) -> pd.DataFrame:
         """Per-step scalars of the completed steps, indexed by ``step``."""
         group = self._scalars
-        n = self.steps_completed
-        frame = pd.DataFrame({name: layout.array(group, name)[:n] for name in layout.SCALAR_FIELDS},
-                             index=pd.Index(np.arange(n), name=layout.STEP_DIM))
+        first, end = self._completed_span()
+        frame = pd.DataFrame({name: layout.array(group, name)[first:end] for name in layout.SCALAR_FIELDS},
+                             index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)
         return frame
 
     def dataset(self) -> xr.Dataset:
         """The scalars as a lazy xarray Dataset (``xarray.open_zarr``), completed steps only."""
         ds = xr.open_zarr(self.paths.store, group=layout.SCALARS_GROUP, consolidated=False)
-        return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(0, self.steps_completed)})
+        first, end = self._completed_span()
+        return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(first, end)})
 
     # -- per-site records ----------------------------------------------------------------
 
@@ -145,6 +159,23 @@ class Run:
         return pd.DataFrame(layout.array(group, layout.STATS_ARRAY)[:n, :, names.index(name)],
                             columns=layout.array(group, layout.SITE_DIM)[:],
                             index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
+
+    def op_trace_steps(self) -> list[int]:
+        """Steps with an operation trace (``workbench replay --trace``, ``workbench bisect``)."""
+        if not self.paths.op_traces.is_dir():
+            return []
+        return sorted(int(p.name.removeprefix("step_")) for p in self.paths.op_traces.glob("step_*")
+                      if self.paths.op_trace_ranks(int(p.name.removeprefix("step_"))))
+
+    def op_trace(self, step: int) -> pd.DataFrame:
+        """Every rank's traced operations of ``step``, one row per operation and rank."""
+        files = self.paths.op_trace_ranks(step)
+        if not files:
+            traced = ", ".join(map(str, self.op_trace_steps())) or "none"
+            raise NoSitesError(f"{self.path}: no operation trace of step {step} (traced steps: {traced}); "
+                               f"make one with `workbench replay {self.path} --step {step} --trace`")
+        frames = [pd.read_json(f, lines=True, dtype=False) for f in files]
+        return pd.concat(frames, ignore_index=True).sort_values(["tp_rank", "seq"], kind="stable")
 
     def records(self, *, lazy: bool = True) -> RunRecords:
         """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read

@@ -1,0 +1,133 @@
+"""The replay check: does a replay from a checkpoint reproduce the original run up to step K?
+
+    check = replay_check(original_records, replay_records, original_scalars, replay_scalars,
+                         from_step=20, to_step=27, deterministic=True)
+    check.reproduced, check.first_step, check.first_site, check.closeness
+
+Pure. The replay ran the original's config from its checkpoint at ``from_step`` through
+``to_step`` with every site recorded. It *reproduces* the original when, on every step in
+[from_step, to_step], the per-step loss and gradient norm are bitwise equal and every site
+both runs recorded has an equal fingerprint. Otherwise the first departure is named (step,
+then site in execution order). A nondeterministic run cannot be expected to reproduce;
+``closeness`` says how far the replay stayed from it: per step, the loss's relative
+difference and the largest relative difference of a site's L2 norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.compare import IncomparableRunsError, compare
+from workbench.analysis.records import RunRecords
+
+SCALARS = ("loss", "grad_norm")
+"""Per-step scalars that must be bitwise equal (step time and throughput are not numerics)."""
+
+
+@dataclass(frozen=True)
+class ReplayCheck:
+    original: str
+    replay: str
+    deterministic: bool
+    from_step: int
+    to_step: int
+    steps: list[int]
+    """Steps in [from_step, to_step] that both runs completed."""
+    sites: int
+    """Sites both recorded (the original may record fewer than the replay's every site)."""
+    first_step: int | None
+    first_site: str | None
+    """The first site (execution order) whose fingerprint differs at ``first_step``; a scalar name
+    (``loss``, ``grad_norm``) when only the scalars differ there."""
+    closeness: pd.DataFrame
+    """Per step: ``loss_rel`` and ``max_site_rel`` (largest relative difference of a site's L2 norm)."""
+
+    @property
+    def reproduced(self) -> bool:
+        return self.first_step is None and bool(self.steps)
+
+    def summary(self) -> str:
+        span = f"steps {self.from_step}..{self.to_step} ({len(self.steps)} steps x {self.sites} sites)"
+        head = f"replay {self.replay} of {self.original}, {span}: "
+        if self.reproduced:
+            return head + "bitwise identical: the replay reproduces the original"
+        if not self.steps:
+            return head + "no step in common to compare"
+        text = head + f"first departs at step {self.first_step}, {self.first_site}"
+        if not self.deterministic:
+            worst = self.closeness["max_site_rel"].max()
+            text += (f". The run is nondeterministic, so a bitwise replay cannot be expected; largest relative "
+                     f"difference of a site's L2 norm over the replay: {worst:.2e}")
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"original": self.original, "replay": self.replay, "deterministic": self.deterministic,
+                "from_step": self.from_step, "to_step": self.to_step, "steps": self.steps, "sites": self.sites,
+                "reproduced": self.reproduced, "first_step": self.first_step, "first_site": self.first_site,
+                "closeness": {int(s): {k: _finite(v) for k, v in row.items()}
+                              for s, row in self.closeness.iterrows()},
+                "summary": self.summary()}
+
+
+def _finite(value: Any) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def _bits(values: pd.Series) -> np.ndarray:
+    return values.to_numpy(dtype=np.float64).view(np.uint64)
+
+
+def replay_check(original: RunRecords | None, replay: RunRecords | None, original_scalars: pd.DataFrame,
+                 replay_scalars: pd.DataFrame, *, from_step: int, to_step: int,
+                 deterministic: bool) -> ReplayCheck:
+    """Compare ``replay`` with ``original`` on [from_step, to_step] (see the module docstring).
+
+    Records may be None for runs that recorded no sites: then only the scalars are compared.
+    """
+    span = [s for s in original_scalars.index if from_step <= s <= to_step and s in replay_scalars.index]
+    steps = sorted(int(s) for s in span)
+    scalar_diff = {name: _bits(original_scalars.loc[steps, name]) != _bits(replay_scalars.loc[steps, name])
+                   for name in SCALARS if name in original_scalars and name in replay_scalars}
+    site_first: dict[int, str] = {}
+    sites = 0
+    site_rel = pd.Series(np.nan, index=pd.Index(steps, name="step"))
+    if original is not None and replay is not None and steps:
+        try:
+            result = compare(original, replay)
+        except IncomparableRunsError:
+            result = None
+        if result is not None:
+            shared = [s for s in result.common_steps if from_step <= s <= to_step]
+            sites = len(result.common_sites)
+            for step in shared:
+                row = result.equal.loc[step].to_numpy()
+                if not row.all():
+                    site_first[step] = result.common_sites[int(np.argmin(row))]
+            if shared:
+                rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=True)
+                site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
+    first_step = first_site = None
+    for i, step in enumerate(steps):
+        if step in site_first:
+            first_step, first_site = step, site_first[step]
+            break
+        bad = [name for name, diff in scalar_diff.items() if diff[i]]
+        if bad:
+            first_step, first_site = step, bad[0]
+            break
+    loss_a = original_scalars.loc[steps, "loss"].to_numpy(dtype=float)
+    loss_b = replay_scalars.loc[steps, "loss"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss_rel = np.where(loss_a == loss_b, 0.0, np.abs(loss_a - loss_b) / np.maximum(np.abs(loss_a),
+                                                                                        np.abs(loss_b)))
+    closeness = pd.DataFrame({"loss_rel": loss_rel, "max_site_rel": site_rel.to_numpy()},
+                             index=pd.Index(steps, name="step"))
+    return ReplayCheck(original=original.name if original is not None else "original",
+                       replay=replay.name if replay is not None else "replay", deterministic=deterministic,
+                       from_step=from_step, to_step=to_step, steps=steps, sites=sites, first_step=first_step,
+                       first_site=first_site, closeness=closeness)

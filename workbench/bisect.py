@@ -1,0 +1,121 @@
+"""Bisect two runs from step to site to operation, and write the answer into a small report.
+
+    result = bisect("data/runs/demo/det-r0", "data/runs/demo/fault")
+    print(result.summary())       # step 30 -> act:layers.2.mlp -> operation ... at faults.py:48
+
+1. **Step and site** from the stores: the first step at which a fingerprint differs, and
+   the first site in execution order (``analysis.compare``).
+2. **Operation**: both runs are replayed from their nearest checkpoint before that step
+   with the step under the operation tracer, and ``analysis.optrace.first_operation``
+   names the first operation whose inputs are equal and whose outputs differ (or the
+   one-run-only operation that made the first difference), with its module path and
+   source line.
+
+The replays and the report (``bisect.json``, ``bisect.md``) go into ``out``. Pipeline-
+parallel runs stop at step and site: their operation order across stages is not traced.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.analysis.compare import compare
+from workbench.analysis.optrace import OperationOrigin, first_operation
+from workbench.errors import ConfigError
+from workbench.replay import Replay, replay
+from workbench.runner.launch import ProgressFn
+from workbench.store.reader import Run, open_run
+
+
+@dataclass(frozen=True)
+class Bisect:
+    a: str
+    b: str
+    step: int | None
+    """The bisected step: the first divergent one, or the one asked for."""
+    site: str | None
+    """The first differing site at that step (execution order)."""
+    origin_sites: list[str]
+    operation: OperationOrigin | None
+    skipped: str | None
+    """Why the operation level was not run (identical runs, pipeline parallelism)."""
+    replays: list[Replay]
+    seconds: float
+    out: Path
+
+    def summary(self) -> str:
+        if self.step is None:
+            return f"{self.a} and {self.b} are bitwise identical at every common step: nothing to bisect"
+        lines = [f"bisect {self.a} vs {self.b}",
+                 f"  step:      {self.step} (first step whose fingerprints differ)",
+                 f"  site:      {self.site} (first in execution order; origin sites: "
+                 f"{', '.join(self.origin_sites) or 'none'})"]
+        if self.operation is not None:
+            lines.append(f"  operation: {self.operation.summary()}")
+        else:
+            lines.append(f"  operation: not traced: {self.skipped}")
+        for r in self.replays:
+            lines.append(f"  replay of {r.original.name}: {'reproduced' if r.check.reproduced else 'departed'} "
+                         f"({r.seconds:.1f} s from step {r.from_step})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "step": self.step, "site": self.site, "origin_sites": self.origin_sites,
+                "operation": self.operation.to_dict() if self.operation is not None else None,
+                "skipped": self.skipped, "replays": [r.to_dict() for r in self.replays], "seconds": self.seconds}
+
+
+def default_bisect_dir(a: Run, b: Run) -> Path:
+    return a.path.parent / "bisect" / f"{a.name}-vs-{b.name}"
+
+
+def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, out: str | Path | None = None,
+           overwrite: bool = False, progress: ProgressFn | None = None) -> Bisect:
+    """Step, site and operation at which runs ``a`` and ``b`` first differ (see the module docstring)."""
+    started = time.perf_counter()
+    a, b = open_run(a_path), open_run(b_path)
+    if a.path.resolve() == b.path.resolve():
+        raise ConfigError(f"{a.path} is given twice; bisect needs two different runs")
+    result = compare(a.records(), b.records())
+    if step is None:
+        step = result.first_step
+    elif step not in result.common_steps:
+        raise ConfigError(f"--step {step} is not a step both runs recorded "
+                          f"({result.common_steps[0]}..{result.common_steps[-1]})")
+    out_dir = Path(out) if out is not None else default_bisect_dir(a, b)
+    if step is None:
+        return _finish(Bisect(a=a.name, b=b.name, step=None, site=None, origin_sites=[], operation=None,
+                              skipped="the runs are identical", replays=[], seconds=time.perf_counter() - started,
+                              out=out_dir))
+    row = result.equal.loc[step]
+    differing = [s for s, same in row.items() if not same]
+    site = differing[0] if differing else None
+    origins = result.origin_sites if step == result.first_step else []
+    skipped = None
+    if a.config.layout.pp > 1 or b.config.layout.pp > 1:
+        skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
+    replays: list[Replay] = []
+    operation = None
+    if skipped is None:
+        names = (a.name, b.name if b.name != a.name else f"{b.name}-b")
+        for run, name in zip((a, b), names):
+            if progress:
+                progress(f"replaying {run.name} through step {step} with the operation tracer")
+            replays.append(replay(run.path, step, out=out_dir / name, trace=True, overwrite=overwrite,
+                                  progress=progress))
+        operation = first_operation(open_run(replays[0].run_dir).op_trace(step),
+                                    open_run(replays[1].run_dir).op_trace(step))
+    return _finish(Bisect(a=a.name, b=b.name, step=step, site=site, origin_sites=origins, operation=operation,
+                          skipped=skipped, replays=replays, seconds=time.perf_counter() - started, out=out_dir))
+
+
+def _finish(result: Bisect) -> Bisect:
+    result.out.mkdir(parents=True, exist_ok=True)
+    (result.out / "bisect.json").write_text(json.dumps(result.to_dict(), indent=1))
+    (result.out / "bisect.md").write_text(f"# Bisect\n\n```\n{result.summary()}\n```\n")
+    return result

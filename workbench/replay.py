@@ -1,0 +1,122 @@
+"""Replay: rerun a run's own config from its nearest checkpoint before step K, recording everything.
+
+    result = replay("data/runs/demo/fault", step=30)          # -> data/runs/demo/fault/replays/step_000030
+    print(result.check.summary())                              # reproduced bitwise, or where it departs
+
+The replay is a new run store (inside the original's folder unless ``out`` says otherwise)
+with the original's config, except what it records: every kind of site, every site, every
+step from the checkpoint through K, and full-tensor snapshots of every site at step K. It
+starts from the original's last complete checkpoint at or before K (a copy of it, so the
+replay folder stands alone), or from step 0 when there is none: initialisation is a
+function of the seed and the data a function of the step, so step 0 is a checkpoint too.
+Its manifest says what it replays (``replay``). With ``trace`` step K also runs under the
+operation tracer (``workbench bisect`` uses that).
+
+Imports no torch: training happens in the launched worker processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.analysis.replay import ReplayCheck, replay_check
+from workbench.config import RunConfig
+from workbench.errors import ConfigError, LaunchError, NoSitesError
+from workbench.manifest import new_manifest
+from workbench.runner.launch import ProgressFn, launch
+from workbench.sites import SITE_KINDS
+from workbench.store import layout
+from workbench.store.reader import Run, open_run
+from workbench.store.writer import create_store, update_manifest
+
+
+@dataclass(frozen=True)
+class Replay:
+    original: Path
+    run_dir: Path
+    step: int
+    from_step: int
+    """The checkpoint the replay started from (0: the initialisation)."""
+    from_checkpoint: bool
+    seconds: float
+    """Wall time of the replay, from the checkpoint through step K with full recording."""
+    check: ReplayCheck
+
+    def summary(self) -> str:
+        start = f"checkpoint at step {self.from_step}" if self.from_checkpoint else "step 0 (initialisation)"
+        return (f"replayed {self.original.name} from {start} through step {self.step} in {self.seconds:.1f} s "
+                f"into {self.run_dir}\n{self.check.summary()}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"original": str(self.original), "run_dir": str(self.run_dir), "step": self.step,
+                "from_step": self.from_step, "from_checkpoint": self.from_checkpoint, "seconds": self.seconds,
+                "check": self.check.to_dict()}
+
+
+def nearest_checkpoint(run: Run, step: int) -> int | None:
+    """The last complete checkpoint at or before ``step`` (the state before that step), or None."""
+    steps = [s for s in run.paths.checkpoint_steps() if s <= step]
+    return steps[-1] if steps else None
+
+
+def replay_config(cfg: RunConfig, *, step: int, from_step: int) -> RunConfig:
+    """``cfg`` recording every site on steps [from_step, step], with snapshots of every site at ``step``."""
+    return cfg.with_overrides({
+        "name": f"{cfg.name}-replay-{step}",
+        "record.enabled": True, "record.kinds": list(SITE_KINDS), "record.sites": ["*"], "record.every": 1,
+        "record.ranges": [[from_step, step + 1]], "record.snapshot_steps": [step], "record.snapshot_sites": ["*"],
+        "checkpoint_every": 0,
+    }, source="replay")
+
+
+def default_replay_dir(run: Run, step: int) -> Path:
+    return run.path / "replays" / f"step_{step:06d}"
+
+
+def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, trace: bool = False,
+           overwrite: bool = False, progress: ProgressFn | None = None) -> Replay:
+    """Replay the run at ``run_path`` through ``step`` and check it against the original."""
+    original = open_run(run_path)
+    cfg = original.config
+    if not isinstance(step, int) or not 0 <= step < cfg.steps:
+        raise ConfigError(f"--step {step!r} is not a step of {original.name}: it trains steps 0..{cfg.steps - 1}")
+    if original.manifest.get("replay"):
+        raise ConfigError(f"{original.path} is itself a replay; replay the original run "
+                          f"({original.manifest['replay'].get('of')})")
+    checkpoint = nearest_checkpoint(original, step)
+    from_step = checkpoint if checkpoint is not None else 0
+    run_dir = Path(out) if out is not None else default_replay_dir(original, step)
+    if layout.resolve_run_dir(run_dir) is not None or (run_dir.exists() and any(run_dir.iterdir())):
+        if not overwrite:
+            raise LaunchError(f"{run_dir} already exists; pass --overwrite to replace it or --out to choose "
+                              "another folder")
+        shutil.rmtree(run_dir)
+    replay_cfg = replay_config(cfg, step=step, from_step=from_step)
+    paths = layout.RunPaths(run_dir)
+    if checkpoint is not None:
+        create_store(run_dir, new_manifest(replay_cfg), replay_cfg.steps)
+        shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
+    started = time.perf_counter()
+    launch(replay_cfg, run_dir, resume=checkpoint is not None, stop_after=step + 1, progress=progress,
+           trace_step=step if trace else None)
+    seconds = time.perf_counter() - started
+    update_manifest(run_dir, replay={"of": str(original.path), "of_run_id": original.run_id, "step": step,
+                                     "from_step": from_step, "from_checkpoint": checkpoint is not None,
+                                     "traced": trace, "seconds": seconds})
+    return Replay(original=original.path, run_dir=run_dir, step=step, from_step=from_step,
+                  from_checkpoint=checkpoint is not None, seconds=seconds,
+                  check=check_replay(original, open_run(run_dir), from_step=from_step, step=step))
+
+
+def check_replay(original: Run, replayed: Run, *, from_step: int, step: int) -> ReplayCheck:
+    def records(run: Run) -> Any:
+        try:
+            return run.records()
+        except NoSitesError:
+            return None  # the original recorded no sites: scalars only
+    return replay_check(records(original), records(replayed), original.scalars, replayed.scalars,
+                        from_step=from_step, to_step=step, deterministic=original.config.deterministic)

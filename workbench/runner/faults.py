@@ -1,0 +1,125 @@
+"""Faults injected on purpose: a bit flip or a scaling in one site at one step.
+
+A known cause makes anomaly detection, replay and bisect testable: the config's
+``fault`` section names the site and the step, the manifest says so, and the run is
+otherwise an ordinary run (deterministic runs with a fault are still bitwise
+reproducible: the fault is part of the config).
+
+* ``act:<module>``: the module's ``forward`` is wrapped, so the change happens inside the
+  module (an operation trace finds it there) and every hook, including the recorder's,
+  sees the changed output. Only the first micro-batch of the step on data-parallel rank 0
+  is hit; on every tensor-parallel rank the same local element is changed.
+* ``grad:<parameter>``: applied to the reduced gradient (Megatron DDP's ``main_grad``) right
+  after ``finalize_model_grads``, before the recorder's ``grad`` site and the optimizer.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.config import FaultConfig, FaultKind
+from workbench.errors import ConfigError
+from workbench.recorder.targets import unwrap
+from workbench.runner.model import BuiltModel
+from workbench.sites import canonical_name, split_site
+
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@torch.no_grad()
+def _changed(values: torch.Tensor, fault: FaultConfig) -> torch.Tensor:
+    """A copy of ``values`` with the fault applied (the copy keeps autograd: the change is a constant)."""
+    if fault.kind is FaultKind.SCALE:
+        return values * fault.factor
+    flat = values.reshape(-1)
+    if fault.index >= flat.numel():
+        raise ConfigError(f"fault.index = {fault.index} is outside {fault.site} ({flat.numel()} elements here)")
+    width = values.element_size() * 8
+    if fault.bit >= width:
+        raise ConfigError(f"fault.bit = {fault.bit} does not exist in a {width}-bit {values.dtype} element")
+    word = flat[fault.index:fault.index + 1].clone().view(_WORDS[values.element_size()])
+    mask = torch.tensor(1 << fault.bit, dtype=torch.int64).to(word.dtype)  # wraps to the sign bit for bit 31
+    out = values.clone()
+    out.reshape(-1)[fault.index] = torch.bitwise_xor(word, mask).view(values.dtype)[0]
+    return out
+
+
+class FaultInjector:
+    """Applies ``fault`` to ``model`` at ``fault.step``; ``step`` must be set before each step."""
+
+    def __init__(self, fault: FaultConfig, model: BuiltModel, *, dp_rank: int) -> None:
+        self.fault = fault
+        self.present = False
+        self.step = -1
+        self.applied = 0
+        self._dp_rank = dp_rank
+        self._last_hit_step = -1
+        kind, name = split_site(fault.site)
+        if kind == "act":
+            self._wrap_module(model, name)
+        else:
+            self._wrap_gradient(model, name)
+
+    def _wrap_module(self, model: BuiltModel, name: str) -> None:
+        gpt = unwrap(model.gpt)
+        for local_name, module in gpt.named_modules():
+            if local_name and canonical_name(local_name, model.global_layer) == name:
+                original = module.forward
+
+                def forward(module_self: torch.nn.Module, *args: Any, _original: Callable[..., Any] = original,
+                            **kwargs: Any) -> Any:
+                    return self._after_forward(_original(*args, **kwargs))
+
+                module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+                self.present = True
+                return
+
+    def _after_forward(self, output: Any) -> Any:
+        if self.step != self.fault.step or self._dp_rank != 0 or self._last_hit_step == self.step:
+            return output
+        self._last_hit_step = self.step
+        self.applied += 1
+        if isinstance(output, torch.Tensor):
+            return _changed(output, self.fault)
+        first = _changed(output[0], self.fault)
+        return (first, *output[1:])
+
+    def _wrap_gradient(self, model: BuiltModel, name: str) -> None:
+        params = dict(model.named_parameters())
+        self.present = name in params
+        if not self.present:
+            return
+        param = params[name]
+        config = model.ddp.config
+        original = config.finalize_model_grads_func
+
+        def finalize(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if self.step == self.fault.step:
+                grad = param.main_grad  # type: ignore[attr-defined]  # Megatron DDP's reduced gradient
+                grad.copy_(_changed(grad, self.fault))
+                self.applied += 1
+            return result
+
+        config.finalize_model_grads_func = finalize
+
+
+def attach(fault: FaultConfig, model: BuiltModel, *, dp_rank: int) -> FaultInjector | None:
+    """A ``FaultInjector`` for ``fault`` (None without one); fails if no rank holds the site."""
+    if fault.kind is FaultKind.NONE:
+        return None
+    injector = FaultInjector(fault, model, dp_rank=dp_rank)
+    device = next(model.gpt.parameters()).device
+    holders = torch.tensor([1 if injector.present else 0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(holders)
+    if int(holders[0]) == 0:
+        raise ConfigError(f"fault.site = {fault.site!r} names no module or parameter of this model "
+                          "(module outputs such as act:layers.0.mlp, parameters such as "
+                          "grad:layers.0.mlp.linear_fc1.weight)")
+    return injector
