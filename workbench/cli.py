@@ -10,7 +10,9 @@
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
-    workbench anomalies RUN [--spike-factor F] [--window N]
+    workbench anomalies RUN [--spike-factor F] [--window N] [--follow]
+    workbench replay RUN --step K [--out DIR] [--trace] [--overwrite] [--json]
+    workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
@@ -19,6 +21,7 @@ printed as one line (``workbench: error: ...``) with exit code 2; a failed run e
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -95,7 +98,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with resources.as_file(resources.files("workbench") / "examples" / "demo.toml") as study_file:
         _run_study_file(study_file, args.out)
     print()
-    return _cmd_study(argparse.Namespace(directory=args.out))
+    _cmd_study(argparse.Namespace(directory=args.out))
+    _investigate_faults(args.out)
+    return 0
+
+
+def _prefixed(printer: ProgressPrinter, prefix: str, message: str) -> None:
+    printer(prefix + message)
+
+
+def _investigate_faults(directory: Path) -> None:
+    """The demo's last act: each run with an injected fault, from anomaly to replay to operation."""
+    from workbench.investigation import investigate
+    from workbench.workspace import Workspace
+
+    ws = Workspace.open(directory)
+    printer = ProgressPrinter()
+    for name in ws.faulted:
+        start = time.monotonic()
+        found = investigate(ws.runs[name].path, reference=ws.runs[ws.reference].path, overwrite=True,
+                            progress=functools.partial(_prefixed, printer, f"investigate {name}: "))
+        printer(f"investigate {name}: done in {time.monotonic() - start:.1f} s", final=True)
+        print(f"\nanomaly, replay and bisect of {name} ({ws.runs[name].manifest.get('fault')}):")
+        print(found.summary())
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
@@ -205,18 +230,53 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
     from workbench.errors import NoSitesError
     from workbench.store.reader import open_run
 
+    rules = AnomalyRules(window=args.window, spike_factor=args.spike_factor)
     run = open_run(args.run)
+    if args.follow:
+        from workbench.anomaly_watch import watch_anomalies
+
+        print(f"{run.name}: following the run ({run.status}); new anomalies appear as its steps are written")
+        found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
+            f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}", flush=True))
+        print(f"{run.name}: {len(found)} anomalies; the run is {open_run(args.run).status}")
+        return 1 if len(found) else 0
     try:
         records = run.records()
     except NoSitesError:
         records = None  # scalars only: loss spikes, gradient norms, a NaN loss
-    found = find_anomalies(run.scalars, records, AnomalyRules(window=args.window, spike_factor=args.spike_factor))
+    found = find_anomalies(run.scalars, records, rules)
     if found.empty:
         print(f"{run.name}: no anomalies in {run.steps_completed} steps")
         return 0
     print(f"{run.name}: {len(found)} anomalies")
     print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     return 1
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import json
+
+    from workbench.replay import replay
+
+    printer = ProgressPrinter()
+    result = replay(args.run, args.step, out=args.out, trace=args.trace, overwrite=args.overwrite,
+                    progress=lambda m: printer(f"replay: {m}"))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
+    return 0 if result.check.reproduced else 1
+
+
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    import json
+
+    from workbench.bisect import bisect
+
+    printer = ProgressPrinter()
+    result = bisect(args.a, args.b, step=args.step, out=args.out, overwrite=args.overwrite,
+                    progress=lambda m: printer(f"bisect: {m}"))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
+    if not args.json:
+        print(f"report: {result.out / 'bisect.md'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,7 +349,33 @@ def build_parser() -> argparse.ArgumentParser:
     anomalies.add_argument("--window", type=int, default=20, help="steps in the rolling baseline")
     anomalies.add_argument("--spike-factor", type=float, default=6.0,
                            help="a loss spike lies this many MADs above the rolling median")
+    anomalies.add_argument("--follow", action="store_true",
+                           help="follow a run being written: print anomalies as they appear, until it ends")
+    anomalies.add_argument("--interval", type=float, default=5.0, help="--follow: seconds between looks")
     anomalies.set_defaults(func=_cmd_anomalies)
+
+    rep = verbs.add_parser("replay", help="rerun a run from its nearest checkpoint before step K with full "
+                           "recording; exit 1 unless it reproduces the original bitwise")
+    rep.add_argument("run", type=Path)
+    rep.add_argument("--step", type=int, required=True, metavar="K", help="replay through step K")
+    rep.add_argument("--out", type=Path, default=None, help="the replay's run folder "
+                     "(default RUN/replays/step_K)")
+    rep.add_argument("--trace", action="store_true", help="trace every operation of step K (for bisect)")
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing replay folder")
+    rep.add_argument("--json", action="store_true", help="print the result as JSON")
+    rep.set_defaults(func=_cmd_replay)
+
+    bis = verbs.add_parser("bisect", help="where two runs first differ: step, site, then operation (replays "
+                           "the step with operation tracing; writes bisect.md and bisect.json)")
+    bis.add_argument("a", type=Path)
+    bis.add_argument("b", type=Path)
+    bis.add_argument("--step", type=int, default=None, metavar="K",
+                     help="bisect this step (default: the first divergent one)")
+    bis.add_argument("--out", type=Path, default=None, help="folder for the replays and the report "
+                     "(default: A's folder's bisect/A-vs-B)")
+    bis.add_argument("--overwrite", action="store_true", help="replace earlier replays in --out")
+    bis.add_argument("--json", action="store_true", help="print the result as JSON")
+    bis.set_defaults(func=_cmd_bisect)
     return parser
 
 

@@ -72,14 +72,15 @@ class Workspace:
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
-        """Open run folders, or every run under the given folders."""
+        """Open run folders, or every run under the given folders (replays only when named)."""
         folders: list[Path] = []
         for path in paths:
             path = Path(path)
             if layout.resolve_run_dir(path) is not None:
                 folders.append(layout.resolve_run_dir(path))  # type: ignore[arg-type]
             elif path.is_dir():
-                folders += find_runs(path)
+                # Replays (``workbench replay``/``bisect``) repeat part of a run: opened only when named.
+                folders += [f for f in find_runs(path) if not open_run(f).manifest.get("replay")]
             else:
                 raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
                                        "(or `workbench demo`)")
@@ -145,10 +146,16 @@ class Workspace:
         return [n for n in self.recorded if self.runs[n].manifest.get("resumes")]
 
     @property
+    def faulted(self) -> list[str]:
+        """Runs with an injected fault (config ``fault``): anomaly, replay and bisect material."""
+        return [n for n, r in self.runs.items() if r.config.fault.kind.value != "none"]
+
+    @property
     def others(self) -> list[str]:
-        """Recorded runs that are neither the reference, a repeat, nor resumed: precision and layout changes."""
+        """Recorded runs that are neither the reference, a repeat, resumed nor faulted: precision and layout
+        changes."""
         return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
-                and not REPEAT.match(n) and n not in self.resumed]
+                and not REPEAT.match(n) and n not in self.resumed and n not in self.faulted]
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
@@ -180,7 +187,8 @@ class Workspace:
     def cost(self) -> pd.DataFrame:
         """Determinism tax per configuration (``analysis.cost.determinism_cost``)."""
         return determinism_cost([ThroughputSample(configuration(run.config), run.config.deterministic,
-                                                  run.scalars.tokens_per_s.to_numpy()) for run in self.runs.values()])
+                                                  run.scalars.tokens_per_s.to_numpy())
+                                 for name, run in self.runs.items() if name not in self.faulted])
 
     # -- views -----------------------------------------------------------------------
 

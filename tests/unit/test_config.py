@@ -30,6 +30,10 @@ def test_example_configs_load() -> None:
         ({"steps": 2.5}, "steps"),
         ({"name": "has space"}, "name"),
         ({"deterministic": "yes"}, "deterministic"),
+        ({"fault.kind": "melt"}, "fault.kind"),
+        ({"fault.kind": "bitflip", "fault.site": "layers.0.mlp"}, "fault.site"),
+        ({"fault.kind": "bitflip", "fault.site": "act:layers.0.mlp", "fault.bit": 32}, "fault.bit"),
+        ({"fault.kind": "scale", "fault.site": "grad:output_layer.weight", "fault.step": 40}, "fault.step"),
     ],
 )
 def test_bad_values_name_the_field(overrides: dict, field: str) -> None:
@@ -74,3 +78,15 @@ def test_override_of_unknown_key() -> None:
 def test_integers_are_accepted_for_float_fields() -> None:
     cfg = RunConfig.from_dict({"name": "a", "optim": {"lr": 1, "min_lr": 0}})
     assert isinstance(cfg.optim.lr, float) and cfg.optim.lr == 1.0
+
+
+def test_fault_is_part_of_the_numerics_but_no_fault_keeps_the_old_hash() -> None:
+    plain = RunConfig(name="x")
+    faulted = plain.with_overrides({"fault.kind": "bitflip", "fault.site": "act:layers.0.mlp", "fault.step": 3})
+    assert faulted.numerics_hash() != plain.numerics_hash()
+    assert "fault" not in plain.to_dict() or plain.to_dict()["fault"]["kind"] == "none"
+    # The hash of a config without a fault is what it was before faults existed (stores keep resuming).
+    legacy = plain.to_dict()
+    legacy.pop("fault")
+    assert RunConfig.from_dict(legacy).numerics_hash() == plain.numerics_hash()
+    assert faulted.fault.describe() == "flip bit 30 of element 0 of act:layers.0.mlp at step 3"

@@ -82,6 +82,9 @@ class OperationOrigin:
     downstream: int
     """Aligned operations after the origin whose inputs differ."""
     differing_inputs: list[int] = field(default_factory=list)
+    operations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per aligned operation in run A's order: ``position``, phase, micro-batch, scope, op,
+    ``inputs`` and ``outputs`` ('equal', 'differ' or 'unknown': any differing tensor makes 'differ')."""
 
     @property
     def identical(self) -> bool:
@@ -214,9 +217,12 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
     verdict = "identical"
     downstream = 0
     differing: list[int] = []
-    for key in aligned:
+    rows = []
+    for position, key in enumerate(aligned):
         a, b = ops_a[key], ops_b[pairs[key]]
         inputs = _status(a.inputs, b.inputs)
+        outputs = _status(a.outputs, b.outputs)
+        rows.append((position, *key[:4], _overall(inputs), _overall(outputs)))
         if "differ" in inputs:
             downstream += 1
             if first_affected is None:
@@ -225,10 +231,18 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
                 if origin is None:
                     origin, verdict = _made_by(ops_a, order_a, ops_b, order_b, pairs, a, b, differing[0])
             continue
-        if origin is None and "differ" in _status(a.outputs, b.outputs):
+        if origin is None and "differ" in outputs:
             origin, verdict = _operation(a, "both"), "origin"
+    table = pd.DataFrame(rows, columns=["position", "phase", "microbatch", "scope", "op", "inputs", "outputs"])
     return OperationOrigin(verdict=verdict, origin=origin, first_affected=first_affected, aligned=len(aligned),
-                           only_a=only_a, only_b=only_b, downstream=downstream, differing_inputs=differing)
+                           only_a=only_a, only_b=only_b, downstream=downstream, differing_inputs=differing,
+                           operations=table)
+
+
+def _overall(statuses: list[str]) -> str:
+    if "differ" in statuses:
+        return "differ"
+    return "equal" if statuses and all(s == "equal" for s in statuses) else "unknown"
 
 
 def _made_by(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Merged], order_b: list[Key],

@@ -1,0 +1,117 @@
+"""analysis.optrace: origin, one-run-only operations, tensor-parallel merging and alignment on made-up traces."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from workbench.analysis.optrace import EmptyTraceError, first_operation
+
+
+def T(fp: str | None, shape: tuple[int, ...] = (4,)) -> list:
+    return [list(shape), "float32", fp, 0]
+
+
+class Trace:
+    """Builds a trace in execution order; occurrences are counted as the tracer counts them."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.counts: dict[tuple, int] = {}
+
+    def op(self, scope: str, op: str, inputs: list, outputs: list, *, phase: str = "forward", mb: int = 0,
+           tp_rank: int = 0, source: str | None = None) -> Trace:
+        key = (tp_rank, phase, scope, op)
+        self.rows.append({"seq": sum(1 for r in self.rows if r["tp_rank"] == tp_rank), "rank": tp_rank,
+                          "tp_rank": tp_rank, "phase": phase, "microbatch": mb, "scope": scope, "op": op,
+                          "occurrence": self.counts.get(key, 0), "node": None, "source": source,
+                          "inputs": inputs, "outputs": outputs})
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+def _common(t: Trace) -> Trace:
+    return t.op("embedding", "embedding", [T("tok"), T("w")], [T("e")]).op("layers.0", "add", [T("e"), T("e")],
+                                                                           [T("h")])
+
+
+def test_identical_traces() -> None:
+    result = first_operation(_common(Trace()).frame(), _common(Trace()).frame())
+    assert result.identical and result.origin is None and result.aligned == 2
+    assert set(result.operations["outputs"]) == {"equal"}
+
+
+def test_origin_is_the_first_operation_with_equal_inputs_and_different_outputs() -> None:
+    a = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m")], source="mlp.py:10 in forward") \
+        .op("layers.0", "add", [T("h"), T("m")], [T("o")])
+    b = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m*")], source="mlp.py:10 in forward") \
+        .op("layers.0", "add", [T("h"), T("m*")], [T("o*")])
+    result = first_operation(a.frame(), b.frame())
+    assert result.verdict == "origin"
+    assert (result.origin.scope, result.origin.op, result.origin.source) == ("layers.0.mlp", "mm",
+                                                                              "mlp.py:10 in forward")
+    assert result.downstream == 1 and result.first_affected.scope == "layers.0"
+    assert "origin: forward mm #0 in layers.0.mlp" in result.summary()
+    assert list(result.operations["outputs"]) == ["equal", "equal", "differ", "differ"]
+
+
+def test_an_operation_of_one_run_only_that_changes_a_tensor_is_the_origin() -> None:
+    a = _common(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]).op("layers.0", "add", [T("h"), T("g")],
+                                                                           [T("o")])
+    # B's MLP has extra operations (a view and an in-place write): the add after them must still align with A's.
+    b = _common(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]) \
+        .op("layers.0.mlp", "view", [T("g")], [T("g")]) \
+        .op("layers.0.mlp", "copy_", [T("g"), T("x", ())], [T("one", ()), T("g*")], source="faults.py:48") \
+        .op("layers.0", "add", [T("h"), T("g*")], [T("o*")])
+    result = first_operation(a.frame(), b.frame())
+    assert result.verdict == "unaligned"
+    assert (result.origin.run, result.origin.op, result.origin.source) == ("b", "copy_", "faults.py:48")
+    assert (result.only_a, result.only_b) == (0, 2)
+
+
+def test_tensor_parallel_ranks_merge_and_the_reduction_only_one_layout_has_is_found() -> None:
+    # A (TP=1): one matmul over the full inner dimension.
+    a = _common(Trace()).op("layers.0.proj", "mm", [T("h", (4, 8)), T("w", (8, 4))], [T("y", (4, 4))]) \
+        .op("layers.0", "add", [T("h"), T("y", (4, 4))], [T("o")])
+    # B (TP=2): each rank multiplies its half (split inputs, partial outputs), then an all-reduce sums them.
+    b = Trace()
+    for rank in (0, 1):
+        b.op("embedding", "embedding", [T("tok"), T("w")], [T("e")], tp_rank=rank)
+        b.op("layers.0", "add", [T("e"), T("e")], [T("h")], tp_rank=rank)
+        b.op("layers.0.proj", "mm", [T(f"h{rank}", (4, 4)), T(f"w{rank}", (4, 4))], [T(f"p{rank}", (4, 4))],
+             tp_rank=rank)
+        b.op("layers.0.proj", "c10d.allreduce_", [T(f"p{rank}", (4, 4))], [T("y2", (4, 4))], tp_rank=rank,
+             source="mappings.py:31 in _reduce")
+        b.op("layers.0", "add", [T("h"), T("y2", (4, 4))], [T("o2")], tp_rank=rank)
+    result = first_operation(a.frame(), b.frame())
+    assert result.verdict == "unaligned"
+    assert (result.origin.run, result.origin.scope, result.origin.op) == ("b", "layers.0.proj", "c10d.allreduce_")
+    assert list(result.operations["outputs"])[2] == "unknown"  # the partial sums are not comparable
+
+
+def test_an_input_that_differs_before_any_traced_operation_is_reported_as_untraced() -> None:
+    a = Trace().op("embedding", "embedding", [T("tok"), T("w")], [T("e")])
+    b = Trace().op("embedding", "embedding", [T("tok"), T("w*")], [T("e*")])
+    result = first_operation(a.frame(), b.frame())
+    assert result.verdict == "untraced" and result.origin is None
+    assert "state before the step differs" in result.summary()
+
+
+def test_micro_batches_are_aligned_separately() -> None:
+    # B's micro-batch 0 has an extra op; without micro-batch groups its later ops would shift onto A's.
+    a, b = Trace(), Trace()
+    for mb in (0, 1):
+        a.op("mlp", "gelu", [T(f"x{mb}")], [T(f"g{mb}")], mb=mb)
+        b.op("mlp", "gelu", [T(f"x{mb}")], [T(f"g{mb}")], mb=mb)
+        if mb == 0:
+            b.op("mlp", "gelu", [T("z")], [T("zz")], mb=mb)
+    result = first_operation(a.frame(), b.frame())
+    assert result.identical and result.only_b == 1
+
+
+def test_empty_trace_is_refused() -> None:
+    with pytest.raises(EmptyTraceError, match="holds no operations"):
+        first_operation(Trace().frame(), _common(Trace()).frame())
