@@ -11,7 +11,8 @@
    one-run-only operation that made the first difference), with its module path and
    source line.
 
-The replays and the report (``bisect.json``, ``bisect.md``) go into ``out``. Pipeline-
+The replays and the report (``bisect.json``, ``bisect.md`` and, when operations were traced,
+``operations.html``: the operation figure, plotly.js inline) go into ``out``. Pipeline-
 parallel runs stop at step and site: their operation order across stages is not traced.
 Imports no torch.
 """
@@ -117,5 +118,13 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
 def _finish(result: Bisect) -> Bisect:
     result.out.mkdir(parents=True, exist_ok=True)
     (result.out / "bisect.json").write_text(json.dumps(result.to_dict(), indent=1))
-    (result.out / "bisect.md").write_text(f"# Bisect\n\n```\n{result.summary()}\n```\n")
+    text = f"# Bisect\n\n```\n{result.summary()}\n```\n"
+    if result.operation is not None:
+        from workbench.figures.bisect import operation_figure
+
+        title = f"{result.a} vs {result.b}: operations of step {result.step}"
+        operation_figure(result.operation, title=title).write_html(result.out / "operations.html",
+                                                                    include_plotlyjs=True)
+        text += "\nThe operations of the step, in order, by module: `operations.html`.\n"
+    (result.out / "bisect.md").write_text(text)
     return result

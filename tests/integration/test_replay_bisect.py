@@ -55,6 +55,7 @@ def test_bisect_finds_the_emulated_nondeterministic_embedding_gradient(mini_demo
     assert (origin.phase, origin.scope, origin.op) == ("backward", "embedding.word_embeddings", "randperm")
     assert origin.source.startswith("workbench/runner/nondeterminism.py")
     assert json.loads((tmp_path / "bisect.json").read_text())["operation"]["origin"]["op"] == "randperm"
+    assert (tmp_path / "operations.html").stat().st_size > 1_000_000  # plotly.js inline: opens offline
 
 
 def test_bisect_finds_the_injected_change_in_the_mlp(mini_demo: Path, tmp_path: Path) -> None:
