@@ -10,7 +10,8 @@ per run). Printed, as medians over the repeats:
 
 * wall time of each replay (launch, checkpoint load, steps from the checkpoint through K);
 * the ``step_time`` of step K in each (the scalar the worker records; recorder included in both),
-  and their ratio: the operation tracer's overhead for one step;
+  and their ratio: the operation tracer's overhead for one step; for scale, the original run's
+  median step time over the replayed steps (its own, lighter recording);
 * the trace's size: operations and megabytes.
 """
 
@@ -62,6 +63,9 @@ def main() -> None:
     print(f"  + operation trace of {step}: {med['traced'][0]:6.1f} s wall, step {step}: {med['traced'][1]:.3f} s")
     print(f"  tracer overhead on one step: {med['traced'][1] / med['recorded'][1]:.1f}x "
           f"({ops:.0f} operations over all ranks, {megabytes:.1f} MB of trace)")
+    plain = float(run.scalars.loc[first:step, "step_time"].median())
+    print(f"  the original's own steps {first}..{step}: {plain:.3f} s median (traced step: "
+          f"{med['traced'][1] / plain:.0f}x that)")
 
 
 if __name__ == "__main__":
