@@ -125,7 +125,7 @@ class Workspace:
 
     @cached_property
     def reference(self) -> str:
-        candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes")]
+        candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes") and n not in self.faulted]
         if "det-r0" in candidates:
             return "det-r0"
         plain = [n for n in candidates if self.runs[n].config.deterministic
