@@ -238,7 +238,7 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
         print(f"{run.name}: following the run ({run.status}); new anomalies appear as its steps are written")
         found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
             f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}", flush=True))
-        print(f"{run.name}: {len(found)} anomalies; the run is {open_run(args.run).status}")
+        print(f"{run.name}: {_anomalies(len(found))}; the run is {open_run(args.run).status}")
         return 1 if len(found) else 0
     try:
         records = run.records()
@@ -248,9 +248,13 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
     if found.empty:
         print(f"{run.name}: no anomalies in {run.steps_completed} steps")
         return 0
-    print(f"{run.name}: {len(found)} anomalies")
+    print(f"{run.name}: {_anomalies(len(found))}")
     print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     return 1
+
+
+def _anomalies(count: int) -> str:
+    return f"{count} anomal{'y' if count == 1 else 'ies'}"
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ class Investigation:
         if self.step is None:
             return f"{self.run}: no anomalies, nothing to replay"
         first = self.anomalies.iloc[0]
-        lines = [f"{self.run}: {len(self.anomalies)} anomalies; the first: step {self.step}, {first['rule']} "
+        count = f"{len(self.anomalies)} anomal{'y' if len(self.anomalies) == 1 else 'ies'}"
+        lines = [f"{self.run}: {count}; the first: step {self.step}, {first['rule']} "
                  f"({first['detail']})"]
         if self.replay is not None:
             lines.append(self.replay.summary())

@@ -115,3 +115,15 @@ def test_micro_batches_are_aligned_separately() -> None:
 def test_empty_trace_is_refused() -> None:
     with pytest.raises(EmptyTraceError, match="holds no operations"):
         first_operation(Trace().frame(), _common(Trace()).frame())
+
+
+def test_same_layout_aligns_by_input_shapes_too() -> None:
+    # Two gradient accumulations that ran in the other order: names alone would pair a bias with a weight.
+    bias, weight = [T("gb", (4,)), T("b", (4,))], [T("gw", (4, 8)), T("w", (4, 8))]
+    a = _common(Trace()).op("mlp", "add_", bias, [T("gb2", (4,))], phase="backward") \
+        .op("mlp", "add_", weight, [T("gw2", (4, 8))], phase="backward")
+    b = _common(Trace()).op("mlp", "add_", weight, [T("gw2", (4, 8))], phase="backward") \
+        .op("mlp", "add_", bias, [T("gb2", (4,))], phase="backward")
+    result = first_operation(a.frame(), b.frame())
+    assert result.identical and (result.only_a, result.only_b) == (1, 1)
+    assert set(result.operations["inputs"]) == {"equal"}

@@ -96,12 +96,18 @@ def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
     return warnings
 
 
+def _relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf - inf, x / 0: NaN, as documented
+        scale = np.maximum(np.abs(x), np.abs(y))
+        diff = np.abs(x - y) / np.where(scale > 0, scale, np.nan)
+    both_equal = (x == y) | (np.isnan(x) & np.isnan(y))
+    return np.where(both_equal, 0.0, diff)
+
+
 def relative_difference(x: xr.DataArray, y: xr.DataArray) -> xr.DataArray:
-    """|x - y| / max(|x|, |y|): 0 where equal (NaN = NaN counts as equal), NaN where only one is NaN."""
-    scale = xr.where(abs(x) > abs(y), abs(x), abs(y))
-    diff = abs(x - y) / scale.where(scale > 0)
-    both_equal = (x == y) | (x.isnull() & y.isnull())
-    return xr.where(both_equal, 0.0, diff)
+    """|x - y| / max(|x|, |y|): 0 where equal (NaN = NaN counts as equal), NaN where only one is NaN or
+    both are infinite with different signs. Lazy when the inputs are (Dask): computed chunk by chunk."""
+    return xr.apply_ufunc(_relative, x, y, dask="parallelized", output_dtypes=[np.float64])
 
 
 _OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq", "update")

@@ -10,8 +10,9 @@ Pure: two tables of traced operations in (one row per operation and rank: ``seq`
 Within a run, operations are keyed by (phase, micro-batch, scope, op, occurrence) and merged
 over tensor-parallel ranks. Across runs, the operation sequences of each (phase, micro-batch,
 scope) are
-aligned by name (``difflib``'s longest matching blocks), so an operation one run has and
-the other has not (a layout's extra view or collective) does not shift the rest. A tensor of an operation is
+aligned by name, and by input shapes when both runs have the same tensor-parallel size
+(``difflib``'s longest matching blocks), so an operation one run has and the other has not
+(a layout's extra view or collective) does not shift the rest. A tensor of an operation is
 *comparable* when both runs hold it whole and with the same shape: the tensor-parallel
 ranks of a run agree on it (a tensor split over ranks, or a partial sum before its
 reduction, is not comparable). Walking run A's operations in execution order:
@@ -177,8 +178,12 @@ def _operation(m: _Merged, run: str) -> Operation:
 
 
 def _align(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Merged],
-           order_b: list[Key]) -> dict[Key, Key]:
-    """Run A's key -> run B's key of the same operation, matched per (phase, micro-batch, scope) by name."""
+           order_b: list[Key], *, by_shape: bool) -> dict[Key, Key]:
+    """Run A's key -> run B's key of the same operation, matched per (phase, micro-batch, scope) by name,
+    and by the shapes of the inputs when ``by_shape`` (same tensor-parallel size: shapes are comparable)."""
+    def token(ops: dict[Key, _Merged], key: Key) -> str:
+        return key[3] + (repr([shape for shape, _ in ops[key].inputs]) if by_shape else "")
+
     def groups(order: list[Key]) -> dict[tuple[str, int, str], list[Key]]:
         found: dict[tuple[str, int, str], list[Key]] = {}
         for key in order:
@@ -189,7 +194,8 @@ def _align(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Merg
     pairs: dict[Key, Key] = {}
     for group, keys_a in groups(order_a).items():
         keys_b = in_b.get(group, [])
-        matcher = difflib.SequenceMatcher(None, [k[3] for k in keys_a], [k[3] for k in keys_b], autojunk=False)
+        matcher = difflib.SequenceMatcher(None, [token(ops_a, k) for k in keys_a], [token(ops_b, k) for k in keys_b],
+                                          autojunk=False)
         for block in matcher.get_matching_blocks():
             for i in range(block.size):
                 pairs[keys_a[block.a + i]] = keys_b[block.b + i]
@@ -209,7 +215,8 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
     """Where two traces of the same step first differ (see the module docstring)."""
     ops_a, order_a = _merge(trace_a, "A")
     ops_b, order_b = _merge(trace_b, "B")
-    pairs = _align(ops_a, order_a, ops_b, order_b)
+    same_tp = trace_a["tp_rank"].max() == trace_b["tp_rank"].max()
+    pairs = _align(ops_a, order_a, ops_b, order_b, by_shape=bool(same_tp))
     aligned = [k for k in order_a if k in pairs]
     only_a, only_b = len(ops_a) - len(aligned), len(ops_b) - len(aligned)
     origin: Operation | None = None
@@ -240,9 +247,10 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
 
 
 def _overall(statuses: list[str]) -> str:
+    """'differ' if any tensor differs, 'equal' if all are equal (or there are none), else 'unknown'."""
     if "differ" in statuses:
         return "differ"
-    return "equal" if statuses and all(s == "equal" for s in statuses) else "unknown"
+    return "equal" if all(s == "equal" for s in statuses) else "unknown"
 
 
 def _made_by(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Merged], order_b: list[Key],

@@ -15,7 +15,6 @@ difference and the largest relative difference of a site's L2 norm.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,9 +110,7 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
                     site_first[step] = result.common_sites[int(np.argmin(row))]
             if shared:
                 rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=True)
-                with warnings.catch_warnings():  # inf - inf in a run that hit Inf: NaN, as documented
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
+                site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
     first_step = first_site = None
     for i, step in enumerate(steps):
         if step in site_first:

@@ -30,7 +30,7 @@ def _state(inputs: str, outputs: str) -> int:
     if inputs == "differ":
         return 2
     if outputs == "differ":
-        return 3
+        return 3 if inputs == "equal" else 1
     return 0 if outputs == "equal" else 1
 
 
@@ -62,13 +62,18 @@ def operation_figure(result: OperationOrigin, *, provenance: Provenance | None =
                           & (table["op"] == first.op) & (table["microbatch"] == first.microbatch)]
         if not match.empty:
             row = match.iloc[0]
-            fig.add_trace(go.Scatter(x=[row["position"]], y=[row["scope"] or "(outside modules)"], mode="markers",
+            scope = origin.scope if origin.scope in scopes else row["scope"] or "(outside modules)"
+            fig.add_trace(go.Scatter(x=[row["position"]], y=[scope], mode="markers",
                                      name=f"origin: {origin.op} ({origin.source or 'no source line'})",
                                      marker=dict(symbol="star", size=18, color=PALETTE[1],
                                                  line=dict(color="#000000", width=1))))
-    fig.update_yaxes(categoryorder="array", categoryarray=scopes[::-1], title=None)
+    fig.update_yaxes(categoryorder="array", categoryarray=scopes[::-1], tickmode="array", tickvals=scopes,
+                     tickfont=dict(size=10), title=None)
     fig.update_xaxes(title="operation (execution order of run A)")
-    return apply_style(fig, title=title, provenance=provenance, height=max(420, 16 * len(scopes) + 160))
+    apply_style(fig, title=title, provenance=provenance, height=max(460, 15 * len(scopes) + 220), width=1100)
+    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", font=dict(size=11)),
+                      margin=dict(t=110))
+    return fig
 
 
 def replay_figure(check: ReplayCheck, *, provenance: Provenance | None = None) -> go.Figure:
@@ -82,7 +87,7 @@ def replay_figure(check: ReplayCheck, *, provenance: Provenance | None = None) -
         fig.add_trace(go.Scatter(x=check.closeness.index[keep], y=shown[keep], mode="lines+markers", name=name,
                                  line=dict(color=PALETTE[i])))
     verdict = "reproduced bitwise" if check.reproduced else f"departs at step {check.first_step}"
-    fig.update_yaxes(type="log", title="relative difference (1e-18 = equal)", exponentformat="power")
+    fig.update_yaxes(type="log", dtick=1, title="relative difference (1e-18 = equal)", exponentformat="power")
     fig.update_xaxes(title="step")
     return apply_style(fig, title=f"replay {check.replay} vs {check.original}: {verdict}", provenance=provenance,
                        height=420)

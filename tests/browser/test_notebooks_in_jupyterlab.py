@@ -1,8 +1,9 @@
-"""The divergence explorer in a real JupyterLab, driven in headless Chromium through Playwright.
+"""Notebooks in a real JupyterLab, driven in headless Chromium through Playwright.
 
-Serves JupyterLab on 127.0.0.1 over a copy of the explorer notebook, runs it, changes the
-statistic, and checks that the heatmap changes (its colour-bar title and its cells), then
-saves a screenshot to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
+Serves JupyterLab on 127.0.0.1 over copies of the notebooks. The explorer notebook runs,
+its statistic is changed, and the heatmap must change (its colour-bar title and its cells);
+the replay-and-bisect notebook runs to the end and must show its verdicts and figures.
+Screenshots go to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02-divergence-explorer.ipynb"
+BISECT_NOTEBOOK = ROOT / "notebooks" / "07-replay-and-bisect.ipynb"
 CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -56,7 +58,8 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture
 def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
+    for notebook in (NOTEBOOK, BISECT_NOTEBOOK):
+        shutil.copy(notebook, tmp_path / notebook.name)
     settings = tmp_path / "settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "overrides.json").write_text(json.dumps({
@@ -81,6 +84,18 @@ def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
             server.kill()
 
 
+def _open_and_run(page, base: str, token: str, notebook: Path) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
+
+    def kernel_ready() -> bool:
+        kernels = _get(f"{base}/api/kernels?token={token}")
+        return bool(kernels) and all(k["execution_state"] == "idle" and k["connections"] >= 1
+                                     for k in kernels)  # type: ignore[union-attr]
+    _wait(kernel_ready, 90, "the notebook's kernel to connect")
+    page.wait_for_function("window.jupyterapp !== undefined", timeout=30_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-untyped-def]
     from playwright.sync_api import sync_playwright
 
@@ -89,15 +104,7 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-
-        def kernel_ready() -> bool:
-            kernels = _get(f"{base}/api/kernels?token={token}")
-            return bool(kernels) and all(k["execution_state"] == "idle" and k["connections"] >= 1
-                                         for k in kernels)  # type: ignore[union-attr]
-        _wait(kernel_ready, 90, "the notebook's kernel to connect")
-        page.wait_for_function("window.jupyterapp !== undefined", timeout=30_000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        _open_and_run(page, base, token, NOTEBOOK)
         statistic = page.locator(".widget-dropdown", has=page.locator("label", has_text="statistic")).locator("select")
         statistic.wait_for(timeout=120_000)
         heatmap = page.locator(".js-plotly-plot").first
@@ -118,3 +125,25 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
         browser.close()
     assert "max" in after_title and "l2" not in after_title
     assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"
+
+
+def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import sync_playwright
+
+    base, token = jupyterlab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        _open_and_run(page, base, token, BISECT_NOTEBOOK)
+        # The last cell bisects the nondeterministic pair; its verdict names the randperm.
+        page.get_by_text("randperm", exact=False).first.wait_for(timeout=240_000)
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
+                               timeout=60_000)
+        text = page.locator(".jp-Notebook").inner_text()
+        plots = page.locator(".js-plotly-plot").count()
+        page.screenshot(path=str(ARTIFACTS / "replay-and-bisect-in-jupyterlab.png"), full_page=True)
+        browser.close()
+    assert "the replay reproduces the original" in text
+    assert "workbench/runner/faults.py" in text
+    assert plots >= 4  # loss with anomalies, replay, two operation figures
