@@ -1,19 +1,31 @@
-"""Regenerates the README's figure from the demo's runs with the project's own export.
+"""Regenerates the README's figures from the demo's runs with the project's own export.
 
-    python docs/make_images.py          # after `make demo`; writes docs/images/heatmap.png
+    python docs/make_images.py          # after `make demo`; writes docs/images/heatmap.png and bisect.png
 
 docs/images/explorer.png is the screenshot the browser test saves
 (build/test-artifacts/explorer-in-jupyterlab.png) after driving the explorer in JupyterLab.
+bisect.png reads the operation traces the demo's investigation left in data/runs/demo/fault/bisect.
 """
 
 from pathlib import Path
 
+from workbench.analysis.optrace import first_operation
+from workbench.figures.bisect import operation_figure
 from workbench.figures.divergence import divergence_heatmap
 from workbench.figures.export import export_figures
+from workbench.store.reader import open_run
 from workbench.workspace import Workspace
 
 ws = Workspace.open("data/runs/demo")
 pair = ("nondet-r0", "nondet-r1")
 figure = divergence_heatmap(ws.comparison(*pair), provenance=ws.provenance(pair))
-print(export_figures({"heatmap": figure}, Path(__file__).parent / "images", ["png"], scale=1.5, width=1000,
-                     height=700))
+images = Path(__file__).parent / "images"
+print(export_figures({"heatmap": figure}, images, ["png"], scale=1.5, width=1000, height=700))
+
+bisect = Path("data/runs/demo/fault/bisect")
+reference, fault = open_run(bisect / "det-r0"), open_run(bisect / "fault")
+step = fault.manifest["replay"]["step"]
+operations = first_operation(reference.op_trace(step), fault.op_trace(step))
+figure = operation_figure(operations, title=f"det-r0 vs fault: every operation of step {step}",
+                          provenance=ws.provenance(["det-r0", "fault"]))
+print(export_figures({"bisect": figure}, images, ["png"], scale=1.2))
