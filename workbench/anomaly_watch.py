@@ -42,8 +42,8 @@ def poll_anomalies(run_dir: str | os.PathLike[str], rules: AnomalyRules | None =
     run = open_run(run_dir)
     try:
         records = run.records()
-    except NoSitesError:
-        records = None  # scalars only: loss spikes, gradient norms, a NaN loss
+    except (NoSitesError, KeyError):
+        records = None  # scalars only (or the site arrays are still being created): judged from the scalars
     return find_anomalies(run.scalars, records, rules), status
 
 

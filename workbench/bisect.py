@@ -48,12 +48,15 @@ class Bisect:
     replays: list[Replay]
     seconds: float
     out: Path
+    note: str | None = None
+    """Set when the replays found an earlier first step than the stores (which skipped steps)."""
 
     def summary(self) -> str:
         if self.step is None:
             return f"{self.a} and {self.b} are bitwise identical at every common step: nothing to bisect"
         lines = [f"bisect {self.a} vs {self.b}",
-                 f"  step:      {self.step} (first step whose fingerprints differ)",
+                 f"  step:      {self.step} (first step whose fingerprints differ)"
+                 + (f"; {self.note}" if self.note else ""),
                  f"  site:      {self.site} (first in execution order; origin sites: "
                  f"{', '.join(self.origin_sites) or 'none'})"]
         if self.operation is not None:
@@ -68,7 +71,8 @@ class Bisect:
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "step": self.step, "site": self.site, "origin_sites": self.origin_sites,
                 "operation": self.operation.to_dict() if self.operation is not None else None,
-                "skipped": self.skipped, "replays": [r.to_dict() for r in self.replays], "seconds": self.seconds}
+                "skipped": self.skipped, "note": self.note, "replays": [r.to_dict() for r in self.replays],
+                "seconds": self.seconds}
 
 
 def default_bisect_dir(a: Run, b: Run) -> Path:
@@ -102,17 +106,34 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
         skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
     replays: list[Replay] = []
     operation = None
+    note = None
     if skipped is None:
-        names = (a.name, b.name if b.name != a.name else f"{b.name}-b")
-        for run, name in zip((a, b), names):
-            if progress:
-                progress(f"replaying {run.name} through step {step} with the operation tracer")
-            replays.append(replay(run.path, step, out=out_dir / name, trace=True, overwrite=overwrite,
-                                  progress=progress))
+        replays = _traced_replays(a, b, step, out_dir, overwrite=overwrite, progress=progress)
+        if not set(range(step)) <= set(result.common_steps):
+            # The stores skipped steps before this one; the replays recorded every step from their
+            # checkpoints, so they can tell whether the runs parted earlier.
+            earlier = compare(open_run(replays[0].run_dir).records(), open_run(replays[1].run_dir).records())
+            if earlier.first_step is not None and earlier.first_step < step:
+                note = (f"the stores first differ at recorded step {step}; the replays, which record every step, "
+                        f"first differ at step {earlier.first_step}")
+                step, site, origins = earlier.first_step, earlier.first_site, earlier.origin_sites
+                replays = _traced_replays(a, b, step, out_dir, overwrite=True, progress=progress)
         operation = first_operation(open_run(replays[0].run_dir).op_trace(step),
                                     open_run(replays[1].run_dir).op_trace(step))
     return _finish(Bisect(a=a.name, b=b.name, step=step, site=site, origin_sites=origins, operation=operation,
-                          skipped=skipped, replays=replays, seconds=time.perf_counter() - started, out=out_dir))
+                          skipped=skipped, replays=replays, seconds=time.perf_counter() - started, out=out_dir,
+                          note=note))
+
+
+def _traced_replays(a: Run, b: Run, step: int, out_dir: Path, *, overwrite: bool,
+                    progress: ProgressFn | None) -> list[Replay]:
+    replays = []
+    for run, name in zip((a, b), (a.name, b.name if b.name != a.name else f"{b.name}-b")):
+        if progress:
+            progress(f"replaying {run.name} through step {step} with the operation tracer")
+        replays.append(replay(run.path, step, out=out_dir / name, trace=True, overwrite=overwrite,
+                              progress=progress))
+    return replays
 
 
 def _finish(result: Bisect) -> Bisect:

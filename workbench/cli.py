@@ -246,7 +246,7 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
         records = None  # scalars only: loss spikes, gradient norms, a NaN loss
     found = find_anomalies(run.scalars, records, rules)
     if found.empty:
-        print(f"{run.name}: no anomalies in {run.steps_completed} steps")
+        print(f"{run.name}: no anomalies in {len(run.scalars)} steps")
         return 0
     print(f"{run.name}: {_anomalies(len(found))}")
     print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))

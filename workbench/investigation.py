@@ -5,8 +5,9 @@
 
 1. ``analysis.anomalies`` over the run: the first anomaly's step K.
 2. ``replay``: the run again from its nearest checkpoint before K through K, every site
-   recorded and snapshotted at K; for a deterministic run it must reproduce the anomaly
-   bitwise, which turns a one-off "ghost" into something that can be rerun at will.
+   recorded and snapshotted at K. A deterministic run is expected to reproduce the anomaly
+   bitwise, which turns a one-off "ghost" into something that can be rerun at will; the
+   summary says whether it did, and where it departed if not.
 3. ``bisect`` against the reference (a healthy run of the same model): step, site and the
    first operation whose outputs differ, with its module path and source line.
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.analysis.replay import ReplayCheck, replay_check
 from workbench.config import RunConfig
-from workbench.errors import ConfigError, LaunchError, NoSitesError
+from workbench.errors import ConfigError, NoSitesError
 from workbench.manifest import new_manifest
 from workbench.runner.launch import ProgressFn, launch
 from workbench.sites import SITE_KINDS
@@ -77,36 +77,57 @@ def default_replay_dir(run: Run, step: int) -> Path:
     return run.path / "replays" / f"step_{step:06d}"
 
 
+def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> None:
+    """Refuse a folder that holds anything but an earlier replay; remove an earlier replay if asked."""
+    target, source = run_dir.resolve(), original.path.resolve()
+    if target == source or target in source.parents:
+        raise ConfigError(f"{run_dir}: a replay cannot be written over or around the run it replays "
+                          f"({original.path}); choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is a file; --out names the replay's folder")
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    existing = layout.resolve_run_dir(run_dir)
+    if existing is None or not open_run(existing).manifest.get("replay"):
+        raise ConfigError(f"{run_dir} exists and is not a replay; choose another --out (a replay never "
+                          "overwrites anything else)")
+    if not overwrite:
+        raise ConfigError(f"{run_dir} already holds a replay; pass --overwrite to replace it or --out to "
+                          "choose another folder")
+    shutil.rmtree(run_dir)
+
+
 def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, trace: bool = False,
            overwrite: bool = False, progress: ProgressFn | None = None) -> Replay:
     """Replay the run at ``run_path`` through ``step`` and check it against the original."""
     original = open_run(run_path)
     cfg = original.config
+    for key, what in (("replay", "itself a replay"), ("imported", "an imported run"),
+                      ("synthetic", "a synthetic run")):
+        if original.manifest.get(key):
+            raise ConfigError(f"{original.path} is {what}; only a run trained by the workbench can be replayed")
     if not isinstance(step, int) or not 0 <= step < cfg.steps:
         raise ConfigError(f"--step {step!r} is not a step of {original.name}: it trains steps 0..{cfg.steps - 1}")
-    if original.manifest.get("replay"):
-        raise ConfigError(f"{original.path} is itself a replay; replay the original run "
-                          f"({original.manifest['replay'].get('of')})")
+    if step >= original.steps_completed:
+        raise ConfigError(f"{original.name} has not completed step {step} (it wrote steps "
+                          f"0..{original.steps_completed - 1}, status {original.status}); nothing to compare with")
     checkpoint = nearest_checkpoint(original, step)
     from_step = checkpoint if checkpoint is not None else 0
     run_dir = Path(out) if out is not None else default_replay_dir(original, step)
-    if layout.resolve_run_dir(run_dir) is not None or (run_dir.exists() and any(run_dir.iterdir())):
-        if not overwrite:
-            raise LaunchError(f"{run_dir} already exists; pass --overwrite to replace it or --out to choose "
-                              "another folder")
-        shutil.rmtree(run_dir)
+    _check_replay_folder(run_dir, original, overwrite=overwrite)
     replay_cfg = replay_config(cfg, step=step, from_step=from_step)
     paths = layout.RunPaths(run_dir)
     if checkpoint is not None:
         create_store(run_dir, new_manifest(replay_cfg), replay_cfg.steps)
         shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
+    # The manifest says "replay" before any rank starts, so a replay that fails is never taken for a run.
+    facts = {"of": str(original.path), "of_run_id": original.run_id, "step": step, "from_step": from_step,
+             "from_checkpoint": checkpoint is not None, "traced": trace}
     started = time.perf_counter()
     launch(replay_cfg, run_dir, resume=checkpoint is not None, stop_after=step + 1, progress=progress,
-           trace_step=step if trace else None)
+           trace_step=step if trace else None, manifest={"replay": facts})
     seconds = time.perf_counter() - started
-    update_manifest(run_dir, replay={"of": str(original.path), "of_run_id": original.run_id, "step": step,
-                                     "from_step": from_step, "from_checkpoint": checkpoint is not None,
-                                     "traced": trace, "seconds": seconds})
+    update_manifest(run_dir, replay={**facts, "seconds": seconds})
     return Replay(original=original.path, run_dir=run_dir, step=step, from_step=from_step,
                   from_checkpoint=checkpoint is not None, seconds=seconds,
                   check=check_replay(original, open_run(run_dir), from_step=from_step, step=step))

@@ -150,6 +150,13 @@ class Workspace:
         """Runs with an injected fault (config ``fault``): anomaly, replay and bisect material."""
         return [n for n, r in self.runs.items() if r.config.fault.kind.value != "none"]
 
+    def faulted_run(self) -> str:
+        """The first run with an injected fault; ``RunNotFoundError`` if there is none."""
+        if not self.faulted:
+            raise RunNotFoundError(f"no run with an injected fault among {', '.join(self.names)}; the demo's "
+                                   "`fault` run is made by `make demo` (or give a run config a [fault] table)")
+        return self.faulted[0]
+
     @property
     def others(self) -> list[str]:
         """Recorded runs that are neither the reference, a repeat, resumed nor faulted: precision and layout

@@ -127,3 +127,20 @@ def test_same_layout_aligns_by_input_shapes_too() -> None:
     result = first_operation(a.frame(), b.frame())
     assert result.identical and (result.only_a, result.only_b) == (1, 1)
     assert set(result.operations["inputs"]) == {"equal"}
+
+
+def test_untraced_stays_the_verdict_when_a_later_operation_also_differs() -> None:
+    a = Trace().op("embedding", "embedding", [T("tok"), T("w")], [T("e")]).op("mlp", "gelu", [T("x")], [T("g")])
+    b = Trace().op("embedding", "embedding", [T("tok"), T("w*")], [T("e*")]).op("mlp", "gelu", [T("x")], [T("g*")])
+    result = first_operation(a.frame(), b.frame())
+    assert result.verdict == "untraced" and result.origin is None
+    assert result.first_affected.op == "embedding"
+
+
+def test_uninitialised_memory_is_not_a_difference() -> None:
+    def run(junk: str) -> Trace:
+        t = _common(Trace())
+        t.op("attn", "slice", [T(junk)], [T(junk)[:4] + [False]], source="megatron/core/utils.py:635 in get_tensor")
+        return t.op("attn", "baddbmm", [T(junk), T("q"), T("k")], [T("s")])  # beta = 0: the junk is overwritten
+    result = first_operation(run("junk-a").frame(), run("junk-b").frame())
+    assert result.identical, result.summary()

@@ -5,7 +5,7 @@
 
 Pure: two tables of traced operations in (one row per operation and rank: ``seq``,
 ``tp_rank``, ``phase``, ``microbatch``, ``scope``, ``op``, ``occurrence``, ``source``, ``inputs`` and
-``outputs`` as [shape, dtype, fingerprint, non-finite count]), a small result out.
+``outputs`` as [shape, dtype, fingerprint, non-finite count, defined]), a small result out.
 
 Within a run, operations are keyed by (phase, micro-batch, scope, op, occurrence) and merged
 over tensor-parallel ranks. Across runs, the operation sequences of each (phase, micro-batch,
@@ -15,7 +15,10 @@ aligned by name, and by input shapes when both runs have the same tensor-paralle
 (a layout's extra view or collective) does not shift the rest. A tensor of an operation is
 *comparable* when both runs hold it whole and with the same shape: the tensor-parallel
 ranks of a run agree on it (a tensor split over ranks, or a partial sum before its
-reduction, is not comparable). Walking run A's operations in execution order:
+reduction, is not comparable), and so is uninitialised memory: an output marked undefined
+(``torch.empty``, Megatron's global memory buffer) and, wherever its bytes are read again, the
+same bytes as an input, unless some operation also computed those bytes (reused memory that
+still holds an earlier tensor). Walking run A's operations in execution order:
 
 * the first aligned operation whose comparable inputs are all equal and whose outputs
   differ is the **origin**;
@@ -85,7 +88,8 @@ class OperationOrigin:
     differing_inputs: list[int] = field(default_factory=list)
     operations: pd.DataFrame = field(default_factory=pd.DataFrame)
     """One row per aligned operation in run A's order: ``position``, phase, micro-batch, scope, op,
-    ``inputs`` and ``outputs`` ('equal', 'differ' or 'unknown': any differing tensor makes 'differ')."""
+    occurrence (run A's), ``inputs`` and ``outputs`` ('equal', 'differ' or 'unknown': any differing
+    tensor makes 'differ')."""
 
     @property
     def identical(self) -> bool:
@@ -137,9 +141,24 @@ def _merge_tensors(per_rank: list[list[list[Any]]]) -> list[tuple[tuple[int, ...
     return merged
 
 
+def _without_undefined(trace: pd.DataFrame) -> pd.DataFrame:
+    """The trace with the fingerprints of uninitialised memory removed, wherever those bytes appear."""
+    outputs = [t for tensors in trace["outputs"] for t in tensors]
+    # Bytes that some operation also produced as a defined value (memory reused by the allocator
+    # still holds an earlier tensor) stay comparable: only junk nothing computed is removed.
+    undefined = {t[2] for t in outputs if len(t) > 4 and not t[4]} - \
+        {t[2] for t in outputs if len(t) <= 4 or t[4]}
+
+    def clean(tensors: list[list[Any]]) -> list[list[Any]]:
+        return [[t[0], t[1], None, *t[3:]] if t[2] in undefined or (len(t) > 4 and not t[4]) else t
+                for t in tensors]
+    return trace.assign(inputs=trace["inputs"].map(clean), outputs=trace["outputs"].map(clean))
+
+
 def _merge(trace: pd.DataFrame, name: str) -> tuple[dict[Key, _Merged], list[Key]]:
     if trace.empty:
         raise EmptyTraceError(f"the operation trace of run {name} holds no operations")
+    trace = _without_undefined(trace)
     merged: dict[Key, _Merged] = {}
     order: list[tuple[int, Key]] = []
     for key, group in trace.groupby(_KEY, sort=False):
@@ -229,7 +248,7 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
         a, b = ops_a[key], ops_b[pairs[key]]
         inputs = _status(a.inputs, b.inputs)
         outputs = _status(a.outputs, b.outputs)
-        rows.append((position, *key[:4], _overall(inputs), _overall(outputs)))
+        rows.append((position, *key, _overall(inputs), _overall(outputs)))
         if "differ" in inputs:
             downstream += 1
             if first_affected is None:
@@ -238,9 +257,10 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
                 if origin is None:
                     origin, verdict = _made_by(ops_a, order_a, ops_b, order_b, pairs, a, b, differing[0])
             continue
-        if origin is None and "differ" in outputs:
+        if first_affected is None and origin is None and "differ" in outputs:
             origin, verdict = _operation(a, "both"), "origin"
-    table = pd.DataFrame(rows, columns=["position", "phase", "microbatch", "scope", "op", "inputs", "outputs"])
+    table = pd.DataFrame(rows, columns=["position", "phase", "microbatch", "scope", "op", "occurrence", "inputs",
+                                        "outputs"])
     return OperationOrigin(verdict=verdict, origin=origin, first_affected=first_affected, aligned=len(aligned),
                            only_a=only_a, only_b=only_b, downstream=downstream, differing_inputs=differing,
                            operations=table)

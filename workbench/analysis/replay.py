@@ -10,7 +10,8 @@ Pure. The replay ran the original's config from its checkpoint at ``from_step`` 
 both runs recorded has an equal fingerprint. Otherwise the first departure is named (step,
 then site in execution order). A nondeterministic run cannot be expected to reproduce;
 ``closeness`` says how far the replay stayed from it: per step, the loss's relative
-difference and the largest relative difference of a site's L2 norm.
+difference and the largest relative difference of a site's L2 norm (NaN when a site is NaN
+in one run only).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
                 if not row.all():
                     site_first[step] = result.common_sites[int(np.argmin(row))]
             if shared:
-                rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=True)
+                rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=False)
                 site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
     first_step = first_site = None
     for i, step in enumerate(steps):

@@ -54,12 +54,11 @@ def operation_figure(result: OperationOrigin, *, provenance: Provenance | None =
                                        hovertemplate="%{text}<extra></extra>"))
     origin = result.origin
     if origin is not None:
-        match = table[(table["phase"] == origin.phase) & (table["scope"] == origin.scope)
-                      & (table["op"] == origin.op) & (table["microbatch"] == origin.microbatch)]
-        first = result.first_affected
-        if match.empty and first is not None:  # an operation of one run only: star where it took effect
-            match = table[(table["phase"] == first.phase) & (table["scope"] == first.scope)
-                          & (table["op"] == first.op) & (table["microbatch"] == first.microbatch)]
+        # An operation of one run only has no place in the aligned order: star where it took effect.
+        at = origin if origin.run == "both" else result.first_affected
+        match = table.iloc[0:0] if at is None else table[
+            (table["phase"] == at.phase) & (table["scope"] == at.scope) & (table["op"] == at.op)
+            & (table["microbatch"] == at.microbatch) & (table["occurrence"] == at.occurrence)]
         if not match.empty:
             row = match.iloc[0]
             scope = origin.scope if origin.scope in scopes else row["scope"] or "(outside modules)"

@@ -31,28 +31,34 @@ from workbench.sites import canonical_name, split_site
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-@torch.no_grad()
+def _check_bit(fault: FaultConfig, dtype: torch.dtype) -> None:
+    width = torch.empty(0, dtype=dtype).element_size() * 8
+    if fault.kind is FaultKind.BITFLIP and fault.bit >= width:
+        raise ConfigError(f"fault.bit = {fault.bit} does not exist in a {width}-bit {dtype} element of {fault.site}")
+
+
 def _changed(values: torch.Tensor, fault: FaultConfig) -> torch.Tensor:
-    """A copy of ``values`` with the fault applied (the copy keeps autograd: the change is a constant)."""
+    """A copy of ``values`` with the fault applied. Gradients still flow through it: a scaling is
+    differentiated as one, and a flipped bit is a change made under ``no_grad`` to an
+    autograd-tracked copy, so the element's gradient passes through unchanged."""
     if fault.kind is FaultKind.SCALE:
         return values * fault.factor
     flat = values.reshape(-1)
     if fault.index >= flat.numel():
         raise ConfigError(f"fault.index = {fault.index} is outside {fault.site} ({flat.numel()} elements here)")
-    width = values.element_size() * 8
-    if fault.bit >= width:
-        raise ConfigError(f"fault.bit = {fault.bit} does not exist in a {width}-bit {values.dtype} element")
-    word = flat[fault.index:fault.index + 1].clone().view(_WORDS[values.element_size()])
-    mask = torch.tensor(1 << fault.bit, dtype=torch.int64).to(word.dtype)  # wraps to the sign bit for bit 31
+    _check_bit(fault, values.dtype)
     out = values.clone()
-    out.reshape(-1)[fault.index] = torch.bitwise_xor(word, mask).view(values.dtype)[0]
+    with torch.no_grad():
+        word = flat[fault.index:fault.index + 1].clone().view(_WORDS[values.element_size()])
+        mask = torch.tensor(1 << fault.bit, dtype=torch.int64).to(word.dtype)  # wraps to the sign bit for bit 31
+        out.view(-1)[fault.index] = torch.bitwise_xor(word, mask).view(values.dtype)[0]
     return out
 
 
 class FaultInjector:
     """Applies ``fault`` to ``model`` at ``fault.step``; ``step`` must be set before each step."""
 
-    def __init__(self, fault: FaultConfig, model: BuiltModel, *, dp_rank: int) -> None:
+    def __init__(self, fault: FaultConfig, model: BuiltModel, *, dp_rank: int, compute_dtype: torch.dtype) -> None:
         self.fault = fault
         self.present = False
         self.step = -1
@@ -61,6 +67,7 @@ class FaultInjector:
         self._last_hit_step = -1
         kind, name = split_site(fault.site)
         if kind == "act":
+            _check_bit(fault, compute_dtype)  # module outputs are in the compute precision
             self._wrap_module(model, name)
         else:
             self._wrap_gradient(model, name)
@@ -95,25 +102,31 @@ class FaultInjector:
         if not self.present:
             return
         param = params[name]
+        grad = param.main_grad  # type: ignore[attr-defined]  # Megatron DDP's reduced gradient
+        _check_bit(self.fault, grad.dtype)
+        if self.fault.kind is FaultKind.BITFLIP and self.fault.index >= grad.numel():
+            raise ConfigError(f"fault.index = {self.fault.index} is outside {self.fault.site} "
+                              f"({grad.numel()} elements on this rank)")
         config = model.ddp.config
         original = config.finalize_model_grads_func
 
         def finalize(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if self.step == self.fault.step:
-                grad = param.main_grad  # type: ignore[attr-defined]  # Megatron DDP's reduced gradient
-                grad.copy_(_changed(grad, self.fault))
+                with torch.no_grad():
+                    grad.copy_(_changed(grad, self.fault))
                 self.applied += 1
             return result
 
         config.finalize_model_grads_func = finalize
 
 
-def attach(fault: FaultConfig, model: BuiltModel, *, dp_rank: int) -> FaultInjector | None:
+def attach(fault: FaultConfig, model: BuiltModel, *, dp_rank: int,
+           compute_dtype: torch.dtype) -> FaultInjector | None:
     """A ``FaultInjector`` for ``fault`` (None without one); fails if no rank holds the site."""
     if fault.kind is FaultKind.NONE:
         return None
-    injector = FaultInjector(fault, model, dp_rank=dp_rank)
+    injector = FaultInjector(fault, model, dp_rank=dp_rank, compute_dtype=compute_dtype)
     device = next(model.gpt.parameters()).device
     holders = torch.tensor([1 if injector.present else 0], device=device)
     if dist.is_initialized():

@@ -16,9 +16,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workbench import determinism
 from workbench.config import Precision, RunConfig
@@ -26,7 +27,7 @@ from workbench.errors import CheckpointError, LaunchError
 from workbench.manifest import new_manifest
 from workbench.store import layout
 from workbench.store.reader import open_run
-from workbench.store.writer import create_store, set_status
+from workbench.store.writer import create_store, set_status, update_manifest
 
 ProgressFn = Callable[[str], None]
 _POLL_S = 0.2
@@ -135,10 +136,12 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
 
 
 def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = False, stop_after: int | None = None,
-           overwrite: bool = False, progress: ProgressFn | None = None, trace_step: int | None = None) -> Path:
+           overwrite: bool = False, progress: ProgressFn | None = None, trace_step: int | None = None,
+           manifest: Mapping[str, Any] | None = None) -> Path:
     """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails.
 
     ``trace_step``: run that step under the operation tracer (``workbench.runner.optrace``).
+    ``manifest``: fields added to the run's manifest before any rank starts.
     """
     paths = layout.RunPaths(Path(run_dir))
     if cfg.precision is Precision.FP8:
@@ -162,6 +165,8 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         if paths.run_dir.exists() and overwrite:
             shutil.rmtree(paths.run_dir)
         create_store(paths.run_dir, new_manifest(cfg), cfg.steps)
+    if manifest:
+        update_manifest(paths.run_dir, **manifest)
     args = (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
         + (["--trace-step", str(trace_step)] if trace_step is not None else [])
     ranks = _spawn(cfg, paths, args)

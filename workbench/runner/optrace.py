@@ -10,7 +10,7 @@ the optimizer. For each one it writes a line:
 
     seq, phase (forward | backward | step), micro-batch, scope (canonical module name), op, occurrence,
     source (file:line of the Python code that issued it), inputs and outputs as
-    [shape, dtype, fingerprint, non-finite count]
+    [shape, dtype, fingerprint, non-finite count, defined]
 
 Operations are aligned across two runs by (phase, scope, op, occurrence). The module scope
 of a forward operation comes from a stack kept by global module hooks, its micro-batch from
@@ -53,6 +53,8 @@ _PASS_THROUGH = (_THIS_FILE, os.path.join(os.path.dirname(_THIS_FILE), "cpu_comp
 _UNDEFINED_OUTPUT = {"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
                      "aten::new_empty_strided"}
 """Operations whose outputs are uninitialised memory: their fingerprints say nothing."""
+_UNDEFINED_SOURCE = ("megatron/core/utils.py", " in get_tensor")
+"""Megatron's ``GlobalMemoryBuffer.get_tensor`` hands out views of a buffer it never clears."""
 
 
 def fingerprint(t: torch.Tensor) -> str:
@@ -62,8 +64,10 @@ def fingerprint(t: torch.Tensor) -> str:
 
 
 def _describe(t: torch.Tensor, defined: bool = True) -> list[Any]:
+    """[shape, dtype, fingerprint, non-finite count, defined]; an undefined tensor (uninitialised memory)
+    is still fingerprinted, so that analysis can recognise its bytes where a later operation reads them."""
     nonfinite = int((~torch.isfinite(t)).sum()) if t.is_floating_point() and t.numel() else 0
-    return [list(t.shape), str(t.dtype).removeprefix("torch."), fingerprint(t) if defined else None, nonfinite]
+    return [list(t.shape), str(t.dtype).removeprefix("torch."), fingerprint(t), nonfinite, defined]
 
 
 def _short(path: str) -> str:
@@ -180,15 +184,27 @@ class OpTracer(TorchDispatchMode):
 
         self._hooks = [nn_module.register_module_forward_pre_hook(self._enter_module),
                        nn_module.register_module_forward_hook(self._leave_module, always_call=True)]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled": on purpose
-            self._anomaly = torch.autograd.detect_anomaly(check_nan=False)
-            self._anomaly.__enter__()
-        return super().__enter__()  # type: ignore[no-any-return]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled": on purpose
+                self._anomaly = torch.autograd.detect_anomaly(check_nan=False)
+                self._anomaly.__enter__()
+            return super().__enter__()  # type: ignore[no-any-return]
+        except BaseException:
+            self._restore()
+            raise
 
     def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)
-        self._anomaly.__exit__(*exc)
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._restore(*exc)
+
+    def _restore(self, *exc: Any) -> None:
+        """Leave anomaly mode and remove the global module hooks, whatever happened."""
+        if self._anomaly is not None:
+            self._anomaly.__exit__(*(exc or (None, None, None)))
+            self._anomaly = None
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -215,7 +231,8 @@ class OpTracer(TorchDispatchMode):
             for leaf in tree_leaves(out):  # an asynchronous collective: its result exists after wait()
                 if hasattr(leaf, "wait"):
                     leaf.wait()
-        defined = name not in _UNDEFINED_OUTPUT
+        defined = name not in _UNDEFINED_OUTPUT and not (
+            source is not None and source.startswith(_UNDEFINED_SOURCE[0]) and source.endswith(_UNDEFINED_SOURCE[1]))
         outputs = [_describe(t, defined) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         # An in-place write into a view changes its base, which no later operation may output:
         # the base's new value is an output too (so the write is found as what made it).

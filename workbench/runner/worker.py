@@ -49,7 +49,7 @@ class Trainer:
 
         from workbench.recorder import Recorder
         from workbench.runner import faults
-        from workbench.runner.model import build_model
+        from workbench.runner.model import build_model, compute_dtype
         from workbench.runner.nondeterminism import emulate_atomics
         from workbench.runner.optimizer import build_optimizer, build_scheduler
 
@@ -67,7 +67,8 @@ class Trainer:
         self.dp_rank = ps.get_data_parallel_rank()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         # Before the recorder, so that the recorder's hooks see the fault's result.
-        self.fault = faults.attach(cfg.fault, self.model, dp_rank=self.dp_rank)
+        self.fault = faults.attach(cfg.fault, self.model, dp_rank=self.dp_rank,
+                                   compute_dtype=compute_dtype(cfg.precision))
         self.reports_loss = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
         s = cfg.model.seq_length
         self.position_ids = torch.arange(s, device=device).unsqueeze(0).expand(cfg.micro_batch_size, s)
@@ -222,8 +223,6 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
     if rank == 0:
         record = dict(manifest["determinism"])
         record.update(determinism.describe(cfg.deterministic, trainer.emulated))
-        if trainer.fault is not None:
-            record["fault"] = cfg.fault.describe()
         update_manifest(run_dir, runtime=runtime_facts(device), determinism=record, status=layout.Status.RUNNING,
                         resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []))
     writer = ScalarWriter(run_dir, cfg.flush_every) if rank == 0 else None

@@ -88,9 +88,10 @@ class Run:
 
     @property
     def status(self) -> str:
-        """The stored status; a 'running' store whose launcher is gone reads 'interrupted'."""
+        """The stored status; a 'created' or 'running' store whose launcher is gone reads 'interrupted'."""
         status = str(zarr.open_group(self.paths.store, mode="r").attrs.get("status", layout.Status.CREATED))
-        if status == layout.Status.RUNNING and not _launcher_alive(self.manifest.get("launcher", {})):
+        if status in (layout.Status.CREATED, layout.Status.RUNNING) and \
+                not _launcher_alive(self.manifest.get("launcher", {})):
             return layout.Status.INTERRUPTED
         return status
 
@@ -174,7 +175,10 @@ class Run:
             traced = ", ".join(map(str, self.op_trace_steps())) or "none"
             raise NoSitesError(f"{self.path}: no operation trace of step {step} (traced steps: {traced}); "
                                f"make one with `workbench replay {self.path} --step {step} --trace`")
-        frames = [pd.read_json(f, lines=True, dtype=False) for f in files]
+        frames = [pd.read_json(f, lines=True, dtype=False) for f in files if f.stat().st_size]
+        if not frames:
+            raise NoSitesError(f"{self.path}: the operation trace of step {step} holds no operations "
+                               f"({', '.join(f.name for f in files)} are empty)")
         return pd.concat(frames, ignore_index=True).sort_values(["tp_rank", "seq"], kind="stable")
 
     def records(self, *, lazy: bool = True) -> RunRecords:
