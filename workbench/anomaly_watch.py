@@ -27,7 +27,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-from workbench.errors import ConfigError, NoSitesError
+from workbench.errors import ConfigError
 from workbench.store import layout
 from workbench.store.reader import open_run
 
@@ -41,9 +41,9 @@ def poll_anomalies(run_dir: str | os.PathLike[str], rules: AnomalyRules | None =
     status = open_run(run_dir).status
     run = open_run(run_dir)
     try:
-        records = run.records()
-    except (NoSitesError, KeyError):
-        records = None  # scalars only (or the site arrays are still being created): judged from the scalars
+        records = run.records_or_none()  # None: scalars only
+    except KeyError:
+        records = None  # the site arrays are still being created: judged from the scalars this time
     return find_anomalies(run.scalars, records, rules), status
 
 

@@ -227,7 +227,6 @@ def _cmd_import_te(args: argparse.Namespace) -> int:
 
 def _cmd_anomalies(args: argparse.Namespace) -> int:
     from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-    from workbench.errors import NoSitesError
     from workbench.store.reader import open_run
 
     rules = AnomalyRules(window=args.window, spike_factor=args.spike_factor)
@@ -240,11 +239,7 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
             f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}", flush=True))
         print(f"{run.name}: {_anomalies(len(found))}; the run is {open_run(args.run).status}")
         return 1 if len(found) else 0
-    try:
-        records = run.records()
-    except NoSitesError:
-        records = None  # scalars only: loss spikes, gradient norms, a NaN loss
-    found = find_anomalies(run.scalars, records, rules)
+    found = find_anomalies(run.scalars, run.records_or_none(), rules)  # scalars alone without site records
     if found.empty:
         print(f"{run.name}: no anomalies in {len(run.scalars)} steps")
         return 0

@@ -24,7 +24,6 @@ import pandas as pd
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
 from workbench.bisect import Bisect, bisect
-from workbench.errors import NoSitesError
 from workbench.replay import Replay, replay
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import open_run
@@ -63,11 +62,7 @@ def investigate(run_path: str | Path, *, reference: str | Path | None = None, ru
                 overwrite: bool = False, progress: ProgressFn | None = None) -> Investigation:
     """Anomalies of a run; replay of the first one; bisect against ``reference`` if given."""
     run = open_run(run_path)
-    try:
-        records = run.records()
-    except NoSitesError:
-        records = None
-    found = find_anomalies(run.scalars, records, rules or AnomalyRules())
+    found = find_anomalies(run.scalars, run.records_or_none(), rules or AnomalyRules())
     if found.empty:
         return Investigation(run=run.name, anomalies=found, step=None, replay=None, bisect=None)
     step = int(found["step"].iloc[0])

@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.analysis.replay import ReplayCheck, replay_check
 from workbench.config import RunConfig
-from workbench.errors import ConfigError, NoSitesError
+from workbench.errors import ConfigError
 from workbench.manifest import new_manifest
 from workbench.runner.launch import ProgressFn, launch
 from workbench.sites import SITE_KINDS
@@ -134,10 +134,6 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
 
 
 def check_replay(original: Run, replayed: Run, *, from_step: int, step: int) -> ReplayCheck:
-    def records(run: Run) -> Any:
-        try:
-            return run.records()
-        except NoSitesError:
-            return None  # the original recorded no sites: scalars only
-    return replay_check(records(original), records(replayed), original.scalars, replayed.scalars,
+    # An original without site records is compared by its scalars alone.
+    return replay_check(original.records_or_none(), replayed.records_or_none(), original.scalars, replayed.scalars,
                         from_step=from_step, to_step=step, deterministic=original.config.deterministic)

@@ -33,7 +33,7 @@ from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
-from workbench.errors import NoSitesError, RunNotFoundError
+from workbench.errors import RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.reader import Run, find_runs, open_run
@@ -109,10 +109,7 @@ class Workspace:
         """``analysis.anomalies.find_anomalies`` of one run (from its scalars alone if it has no records); cached."""
         rules = rules or AnomalyRules()
         if (name, rules) not in self._anomalies:
-            try:
-                records: RunRecords | None = self.records(name)
-            except NoSitesError:
-                records = None  # scalars only: loss spikes, gradient norms, a NaN loss
+            records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
             self._anomalies[(name, rules)] = find_anomalies(self.runs[name].scalars, records, rules)
         return self._anomalies[(name, rules)]
 

@@ -8,6 +8,7 @@ Screenshots go to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,27 +85,33 @@ def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
             server.kill()
 
 
-def _open_and_run(page, base: str, token: str, notebook: Path) -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
-
-    def kernel_ready() -> bool:
-        kernels = _get(f"{base}/api/kernels?token={token}")
-        return bool(kernels) and all(k["execution_state"] == "idle" and k["connections"] >= 1
-                                     for k in kernels)  # type: ignore[union-attr]
-    _wait(kernel_ready, 90, "the notebook's kernel to connect")
-    page.wait_for_function("window.jupyterapp !== undefined", timeout=30_000)
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-
-def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _notebook_running(jupyterlab, notebook: Path, height: int):  # type: ignore[no-untyped-def]
+    """A Chromium page on ``notebook`` in JupyterLab, its kernel connected and every cell started."""
     from playwright.sync_api import sync_playwright
 
     base, token = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        _open_and_run(page, base, token, NOTEBOOK)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
+
+            def kernel_ready() -> bool:
+                kernels = _get(f"{base}/api/kernels?token={token}")
+                return bool(kernels) and all(k["execution_state"] == "idle" and k["connections"] >= 1
+                                             for k in kernels)  # type: ignore[union-attr]
+            _wait(kernel_ready, 90, "the notebook's kernel to connect")
+            page.wait_for_function("window.jupyterapp !== undefined", timeout=30_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            yield page
+        finally:
+            browser.close()
+
+
+def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    with _notebook_running(jupyterlab, NOTEBOOK, height=1800) as page:
         statistic = page.locator(".widget-dropdown", has=page.locator("label", has_text="statistic")).locator("select")
         statistic.wait_for(timeout=120_000)
         heatmap = page.locator(".js-plotly-plot").first
@@ -122,20 +129,12 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
         after_title = title.text_content() or ""
         after_cells = heatmap.locator(".hm image, .heatmaplayer image").first.get_attribute("href") or ""
         page.screenshot(path=str(ARTIFACTS / "explorer-in-jupyterlab.png"), full_page=True)
-        browser.close()
     assert "max" in after_title and "l2" not in after_title
     assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"
 
 
 def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # type: ignore[no-untyped-def]
-    from playwright.sync_api import sync_playwright
-
-    base, token = jupyterlab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 2400})
-        _open_and_run(page, base, token, BISECT_NOTEBOOK)
+    with _notebook_running(jupyterlab, BISECT_NOTEBOOK, height=2400) as page:
         # The last cell bisects the nondeterministic pair; its verdict names the randperm.
         page.get_by_text("randperm", exact=False).first.wait_for(timeout=240_000)
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
@@ -143,7 +142,6 @@ def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # t
         text = page.locator(".jp-Notebook").inner_text()
         plots = page.locator(".js-plotly-plot").count()
         page.screenshot(path=str(ARTIFACTS / "replay-and-bisect-in-jupyterlab.png"), full_page=True)
-        browser.close()
     assert "the replay reproduces the original" in text
     assert "workbench/runner/faults.py" in text
     assert plots >= 4  # loss with anomalies, replay, two operation figures

@@ -190,6 +190,13 @@ class Run:
                           model=dict(self.manifest["config"]["model"]), status=self.status,
                           resumes=tuple(int(s) for s in self.manifest.get("resumes", [])))
 
+    def records_or_none(self) -> RunRecords | None:
+        """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""
+        try:
+            return self.records()
+        except NoSitesError:
+            return None
+
     def snapshot(self, step: int, site: str) -> np.ndarray:
         """The full tensor of ``site`` ("kind:name") recorded at ``step``."""
         kind, _, name = site.partition(":")
