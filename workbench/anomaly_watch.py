@@ -27,7 +27,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError, DamagedStoreError
 from workbench.store import layout
 from workbench.store.reader import open_run
 
@@ -42,8 +42,8 @@ def poll_anomalies(run_dir: str | os.PathLike[str], rules: AnomalyRules | None =
     run = open_run(run_dir)
     try:
         records = run.records_or_none()  # None: scalars only
-    except KeyError:
-        records = None  # the site arrays are still being created: judged from the scalars this time
+    except DamagedStoreError:
+        records = None  # site arrays unreadable at this moment: judged from the scalars this time
     return find_anomalies(run.scalars, records, rules), status
 
 
@@ -54,9 +54,9 @@ def watch_anomalies(run_dir: str | os.PathLike[str], *, rules: AnomalyRules | No
     new anomaly (a row of the ``find_anomalies`` table) in step order; returns the last table.
     With ``stop_when_finished=False`` the watch goes on after the run ends, until ``timeout_s``."""
     if not interval_s > 0:
-        raise ConfigError(f"interval_s = {interval_s!r} is not allowed: a number of seconds > 0")
+        raise ArgumentError(f"interval_s = {interval_s!r} is not allowed: a number of seconds > 0")
     if timeout_s is not None and not timeout_s >= 0:
-        raise ConfigError(f"timeout_s = {timeout_s!r} is not allowed: a number of seconds >= 0, or None")
+        raise ArgumentError(f"timeout_s = {timeout_s!r} is not allowed: a number of seconds >= 0, or None")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     reported: set[tuple[int, str, str]] = set()
     while True:

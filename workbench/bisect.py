@@ -27,7 +27,7 @@ from typing import Any
 
 from workbench.analysis.compare import compare
 from workbench.analysis.optrace import OperationOrigin, first_operation
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 from workbench.replay import Replay, replay
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import Run, open_run
@@ -85,12 +85,12 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
     started = time.perf_counter()
     a, b = open_run(a_path), open_run(b_path)
     if a.path.resolve() == b.path.resolve():
-        raise ConfigError(f"{a.path} is given twice; bisect needs two different runs")
+        raise ArgumentError(f"{a.path} is given twice; bisect needs two different runs")
     result = compare(a.records(), b.records())
     if step is None:
         step = result.first_step
     elif step not in result.common_steps:
-        raise ConfigError(f"--step {step} is not a step both runs recorded "
+        raise ArgumentError(f"--step {step} is not a step both runs recorded "
                           f"({result.common_steps[0]}..{result.common_steps[-1]})")
     out_dir = Path(out) if out is not None else default_bisect_dir(a, b)
     if step is None:

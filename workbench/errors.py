@@ -16,12 +16,20 @@ class ConfigError(WorkbenchError, ValueError):
     """A configuration value is missing, of the wrong type, or outside its allowed values."""
 
 
+class ArgumentError(WorkbenchError, ValueError):
+    """An argument to a function or a verb is outside its allowed values (not a config field)."""
+
+
 class RunNotFoundError(WorkbenchError, FileNotFoundError):
     """A path that should hold a run store does not exist."""
 
 
 class NotARunError(WorkbenchError, ValueError):
     """A path exists but is not a workbench run store."""
+
+
+class DamagedStoreError(NotARunError):
+    """A run store is still being created, or part of it is missing or unreadable."""
 
 
 class SchemaVersionError(WorkbenchError, ValueError):

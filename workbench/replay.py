@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.analysis.replay import ReplayCheck, replay_check
 from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 from workbench.manifest import new_manifest
 from workbench.runner.launch import ProgressFn, launch
 from workbench.sites import SITE_KINDS
@@ -81,18 +81,18 @@ def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> No
     """Refuse a folder that holds anything but an earlier replay; remove an earlier replay if asked."""
     target, source = run_dir.resolve(), original.path.resolve()
     if target == source or target in source.parents:
-        raise ConfigError(f"{run_dir}: a replay cannot be written over or around the run it replays "
+        raise ArgumentError(f"{run_dir}: a replay cannot be written over or around the run it replays "
                           f"({original.path}); choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"{run_dir} is a file; --out names the replay's folder")
+        raise ArgumentError(f"{run_dir} is a file; --out names the replay's folder")
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return
     existing = layout.resolve_run_dir(run_dir)
     if existing is None or not open_run(existing).manifest.get("replay"):
-        raise ConfigError(f"{run_dir} exists and is not a replay; choose another --out (a replay never "
+        raise ArgumentError(f"{run_dir} exists and is not a replay; choose another --out (a replay never "
                           "overwrites anything else)")
     if not overwrite:
-        raise ConfigError(f"{run_dir} already holds a replay; pass --overwrite to replace it or --out to "
+        raise ArgumentError(f"{run_dir} already holds a replay; pass --overwrite to replace it or --out to "
                           "choose another folder")
     shutil.rmtree(run_dir)
 
@@ -105,11 +105,11 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
     for key, what in (("replay", "itself a replay"), ("imported", "an imported run"),
                       ("synthetic", "a synthetic run")):
         if original.manifest.get(key):
-            raise ConfigError(f"{original.path} is {what}; only a run trained by the workbench can be replayed")
+            raise ArgumentError(f"{original.path} is {what}; only a run trained by the workbench can be replayed")
     if not isinstance(step, int) or not 0 <= step < cfg.steps:
-        raise ConfigError(f"--step {step!r} is not a step of {original.name}: it trains steps 0..{cfg.steps - 1}")
+        raise ArgumentError(f"--step {step!r} is not a step of {original.name}: it trains steps 0..{cfg.steps - 1}")
     if step >= original.steps_completed:
-        raise ConfigError(f"{original.name} has not completed step {step} (it wrote steps "
+        raise ArgumentError(f"{original.name} has not completed step {step} (it wrote steps "
                           f"0..{original.steps_completed - 1}, status {original.status}); nothing to compare with")
     checkpoint = nearest_checkpoint(original, step)
     from_step = checkpoint if checkpoint is not None else 0

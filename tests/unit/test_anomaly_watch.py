@@ -13,7 +13,7 @@ import pytest
 import workbench.anomaly_watch as anomaly_watch
 from tests.conftest import write_synthetic_run
 from workbench.anomaly_watch import watch_anomalies
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, synthetic
 from workbench.store.reader import open_run
@@ -84,7 +84,7 @@ def test_a_finished_run_is_read_once_with_its_site_records(tmp_path: Path) -> No
 
 
 def test_bad_watch_settings() -> None:
-    with pytest.raises(ConfigError, match="interval_s"):
+    with pytest.raises(ArgumentError, match="interval_s"):
         watch_anomalies("nowhere", interval_s=0)
-    with pytest.raises(ConfigError, match="timeout_s"):
+    with pytest.raises(ArgumentError, match="timeout_s"):
         watch_anomalies("nowhere", timeout_s=-1)

@@ -121,19 +121,74 @@ def test_nan_statistics_do_not_become_wrong_answers() -> None:
     assert np.isnan(one_nan.relative_difference.sel(step=1, site="act:embedding", stat="sum"))
 
 
+def scaled_values(run: RunRecords, name: str, step: int, site: str, factor: float) -> RunRecords:
+    """A copy of ``run`` whose value statistics (not its counts) of ``site`` are scaled from ``step`` on."""
+    stats = run.stats.copy()
+    values = ["sum", "sum_sq", "min", "max", "absmax", "l2"]
+    selection = {"step": [s for s in run.steps if s >= step], "site": site, "stat": values}
+    stats.loc[selection] = stats.sel(selection) * factor
+    fingerprints = run.fingerprints.copy()
+    for s in selection["step"]:
+        fingerprints.loc[s, site] = np.uint64(int(fingerprints.loc[s, site]) ^ 1)
+    return RunRecords(name=name, fingerprints=fingerprints, stats=stats, model=run.model)
+
+
 def test_golden_check_exact_and_with_tolerance() -> None:
     golden = records("golden")
     assert golden_check(records("golden"), golden).passed
-    drifted = perturb(golden, "run", step=2, site="loss:cross_entropy", factor=1 + 1e-9)
+    drifted = scaled_values(golden, "run", step=2, site="loss:cross_entropy", factor=1 + 1e-9)
     exact = golden_check(drifted, golden, steps=6)
     assert not exact.passed
     assert exact.differences[0].step == 2 and exact.differences[0].site == "loss:cross_entropy"
     assert golden_check(drifted, golden, steps=2).passed  # the difference starts at step 2
     assert golden_check(drifted, golden, rtol=1e-6).passed
-    far = perturb(golden, "run", step=1, site="act:embedding", factor=1.1)
+    far = scaled_values(golden, "run", step=1, site="act:embedding", factor=1.1)
     tolerant = golden_check(far, golden, rtol=1e-6)
-    assert not tolerant.passed and "relative" in tolerant.differences[0].detail
+    assert not tolerant.passed and "of the site's" in tolerant.differences[0].detail
+    assert (tolerant.differences[0].step, tolerant.differences[0].site) == (1, "act:embedding")
     assert "FAILED" in tolerant.summary()
+    counted = golden.stats.copy()
+    counted.loc[{"step": 4, "site": SITES[3], "stat": "nan"}] += 1
+    nan_count = golden_check(RunRecords("run", golden.fingerprints, counted, golden.model), golden, rtol=0.5)
+    assert [(d.step, d.site, d.detail) for d in nan_count.differences] == [(4, SITES[3], "nan count differs")]
+
+
+def test_a_tolerance_is_measured_against_the_sites_own_scale() -> None:
+    golden = records("golden")
+    stats = golden.stats.copy()
+    site = "grad:layers.0.mlp.linear_fc1.weight"
+    # A minimum next to zero in a tensor whose values reach 2: the minimum moves by 50 % of itself,
+    # by 5e-7 of the tensor's absmax.
+    stats.loc[{"site": site, "stat": "min"}] = 1e-6
+    golden = RunRecords("golden", golden.fingerprints, stats, golden.model)
+    moved = stats.copy()
+    moved.loc[{"step": 3, "site": site, "stat": "min"}] = 1.5e-6
+    run = RunRecords("run", golden.fingerprints.copy(), moved, golden.model)
+    run.fingerprints.loc[3, site] ^= np.uint64(1)
+    assert not golden_check(run, golden).passed
+    assert golden_check(run, golden, rtol=1e-6).passed
+    strict = golden_check(run, golden, rtol=1e-7)
+    assert [(d.step, d.site) for d in strict.differences] == [(3, site)] and "absmax" in strict.differences[0].detail
+
+
+def test_golden_check_holds_loss_and_grad_norm_like_megatron() -> None:
+    golden = records("golden")
+    steps = pd.Index(golden.steps, name="step")
+    loss = pd.DataFrame({"loss": np.linspace(10.0, 8.0, len(steps)), "grad_norm": 1.0}, index=steps)
+    with_scalars = RunRecords("golden", golden.fingerprints, golden.stats, golden.model, scalars=loss)
+    assert golden_check(RunRecords("run", golden.fingerprints, golden.stats, golden.model, scalars=loss.copy()),
+                        with_scalars).passed
+    off = loss.copy()
+    off.loc[3, "loss"] += 0.02  # 0.2 % of the mean loss (9.0)
+    run = RunRecords("run", golden.fingerprints, golden.stats, golden.model, scalars=off)
+    exact = golden_check(run, with_scalars)
+    assert [(d.step, d.site) for d in exact.differences] == [(3, "loss")] and "bitwise" in exact.differences[0].detail
+    assert golden_check(run, with_scalars, rtol=0.003).passed
+    assert [(d.step, d.site) for d in golden_check(run, with_scalars, rtol=0.002).differences] == [(3, "loss")]
+    assert exact.scalars == ("loss", "grad_norm") and "loss, grad_norm" in exact.summary()
+    no_scalars = golden_check(RunRecords("run", golden.fingerprints, golden.stats, golden.model), with_scalars)
+    assert {(d.site, d.detail) for d in no_scalars.differences} == {("loss", "not recorded by the run"),
+                                                                    ("grad_norm", "not recorded by the run")}
 
 
 def test_golden_check_fails_when_the_run_recorded_less() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from workbench.errors import ConfigError, ExportError, WorkbenchError
+from workbench.errors import ArgumentError, ExportError, WorkbenchError
 from workbench.figures import export
 from workbench.figures.export import export_figures, figure_to_bytes, safe_file_name, static_export_available
 
@@ -169,19 +169,19 @@ def test_browser_that_does_not_start_is_an_export_error(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("formats", [["png", "gif"], [], ["jpeg"]])
 def test_unknown_or_no_format_is_a_config_error_naming_the_allowed(formats: list[str], tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="png, svg, pdf, html"):
+    with pytest.raises(ArgumentError, match="png, svg, pdf, html"):
         export_figures(small_figures(), tmp_path / "out", formats)
     assert not (tmp_path / "out").exists()  # validated before anything is written
 
 
 def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="both be written as 'a_b'"):
+    with pytest.raises(ArgumentError, match="both be written as 'a_b'"):
         export_figures({"a/b": go.Figure(), "a b": go.Figure()}, tmp_path, ["html"])
-    with pytest.raises(ConfigError, match="not a plotly"):
+    with pytest.raises(ArgumentError, match="not a plotly"):
         export_figures({"a": {"data": []}}, tmp_path, ["html"])  # type: ignore[dict-item]
-    with pytest.raises(ConfigError, match="scale"):
+    with pytest.raises(ArgumentError, match="scale"):
         export_figures({"a": go.Figure()}, tmp_path, ["html"], scale=0)
-    with pytest.raises(ConfigError, match="mathjax"):
+    with pytest.raises(ArgumentError, match="mathjax"):
         export_figures({"a": go.Figure()}, tmp_path, ["png"], mathjax=tmp_path / "missing.js")
 
 

@@ -12,6 +12,7 @@ from workbench.analysis.cost import COLUMNS
 from workbench.analysis.elementwise import elementwise_difference
 from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import ladder
+from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
 from workbench.figures.style import PALETTE, Provenance
@@ -85,7 +86,7 @@ def test_trajectory_with_reference_floor_and_difference_panel() -> None:
     diff = [t for t in fig.data if t.name == "other" and t.yaxis == "y2"][0]
     assert np.allclose(diff.y, 1e-3)
     assert fig.data[names.index("ref")].line.color == PALETTE[0]
-    with pytest.raises(KeyError, match="reference"):
+    with pytest.raises(ArgumentError, match="reference"):
         trajectory_figure(series, reference="missing")
 
 

@@ -10,7 +10,7 @@ from workbench.analysis import RunRecords
 from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import ladder, layer_label, layer_order
 from workbench.analysis.resume import resume_check
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 
 
 def test_layer_labels_and_model_order() -> None:
@@ -70,6 +70,6 @@ def test_resume_check_from_the_resume_step() -> None:
 
 def test_resume_check_needs_a_resume_step() -> None:
     ref = records("ref")
-    with pytest.raises(ConfigError, match="never resumed"):
+    with pytest.raises(ArgumentError, match="never resumed"):
         resume_check(ref, ref)
     assert resume_check(ref, ref, from_step=2).steps == [2, 3, 4, 5]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_synthetic_run
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 from workbench.replay import replay
 from workbench.store import synthetic
 
@@ -28,23 +28,23 @@ def test_a_folder_that_is_not_a_replay_is_never_overwritten(original: Path, tmp_
     thesis = tmp_path / "thesis"
     thesis.mkdir()
     (thesis / "thesis.tex").write_text("years of work")
-    with pytest.raises(ConfigError, match="not a replay"):
+    with pytest.raises(ArgumentError, match="not a replay"):
         replay(original, 3, out=thesis, overwrite=True)
     assert (thesis / "thesis.tex").read_text() == "years of work"
     for folder in (original, original.parent):  # the run itself, or a folder holding it
-        with pytest.raises(ConfigError, match="over or around the run"):
+        with pytest.raises(ArgumentError, match="over or around the run"):
             replay(original, 3, out=folder, overwrite=True)
         assert (original / "run.zarr").is_dir()
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match="is a file"):
+    with pytest.raises(ArgumentError, match="is a file"):
         replay(original, 3, out=tmp_path / "file")
 
 
 def test_steps_the_original_did_not_complete_and_foreign_runs_are_refused(original: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="has not completed step 9"):
+    with pytest.raises(ArgumentError, match="has not completed step 9"):
         replay(original, 9)
-    with pytest.raises(ConfigError, match="is not a step of synthetic: it trains steps 0..11"):
+    with pytest.raises(ArgumentError, match="is not a step of synthetic: it trains steps 0..11"):
         replay(original, 12)
     made_up = synthetic.write_synthetic_run(tmp_path / "made-up", steps=4, sites=2)
-    with pytest.raises(ConfigError, match="a synthetic run"):
+    with pytest.raises(ArgumentError, match="a synthetic run"):
         replay(made_up, 1)

@@ -57,8 +57,9 @@ def study_findings(records: dict[str, RunRecords], reference: str) -> list[str]:
         if run.resumes:
             lines.append(resume_check(run, records[reference]).summary())
             continue
-        line = describe(compare(records[reference], run), f"{name} vs {reference}")
-        if floor is not None and not line.endswith("sites"):
+        result = compare(records[reference], run)
+        line = describe(result, f"{name} vs {reference}")
+        if floor is not None and not result.identical:
             line += f" (nondeterministic repeats: {floor:.2e})"
         lines.append(line)
     return lines

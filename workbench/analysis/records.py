@@ -26,6 +26,8 @@ class RunRecords:
     status: str = "complete"
     resumes: tuple[int, ...] = ()
     """Steps from which the run was resumed from a checkpoint (its manifest's ``resumes``)."""
+    scalars: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per-step scalars (loss, grad_norm, ...) indexed by ``step``; empty when not known."""
 
     @property
     def sites(self) -> list[str]:

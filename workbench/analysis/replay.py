@@ -46,6 +46,8 @@ class ReplayCheck:
     (``loss``, ``grad_norm``) when only the scalars differ there."""
     closeness: pd.DataFrame
     """Per step: ``loss_rel`` and ``max_site_rel`` (largest relative difference of a site's L2 norm)."""
+    sites_not_compared: str | None = None
+    """Why no site was compared (then only the scalars were), or None when sites were."""
 
     @property
     def reproduced(self) -> bool:
@@ -54,6 +56,9 @@ class ReplayCheck:
     def summary(self) -> str:
         span = f"steps {self.from_step}..{self.to_step} ({len(self.steps)} steps x {self.sites} sites)"
         head = f"replay {self.replay} of {self.original}, {span}: "
+        if self.reproduced and self.sites_not_compared is not None:
+            return head + (f"loss and grad norm bitwise identical; no site was compared "
+                           f"({self.sites_not_compared}), so only the scalars say the replay reproduces the original")
         if self.reproduced:
             return head + "bitwise identical: the replay reproduces the original"
         if not self.steps:
@@ -69,6 +74,7 @@ class ReplayCheck:
         return {"original": self.original, "replay": self.replay, "deterministic": self.deterministic,
                 "from_step": self.from_step, "to_step": self.to_step, "steps": self.steps, "sites": self.sites,
                 "reproduced": self.reproduced, "first_step": self.first_step, "first_site": self.first_site,
+                "sites_not_compared": self.sites_not_compared,
                 "closeness": {int(s): {k: _finite(v) for k, v in row.items()}
                               for s, row in self.closeness.iterrows()},
                 "summary": self.summary()}
@@ -97,13 +103,15 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
     site_first: dict[int, str] = {}
     sites = 0
     site_rel = pd.Series(np.nan, index=pd.Index(steps, name="step"))
+    not_compared: str | None = "a run has no per-site records"
     if original is not None and replay is not None and steps:
         try:
             result = compare(original, replay)
-        except IncomparableRunsError:
-            result = None
+        except IncomparableRunsError as err:
+            result, not_compared = None, str(err)
         if result is not None:
             shared = [s for s in result.common_steps if from_step <= s <= to_step]
+            not_compared = None if shared else f"the runs recorded no step of {from_step}..{to_step} in common"
             sites = len(result.common_sites)
             for step in shared:
                 row = result.equal.loc[step].to_numpy()
@@ -131,4 +139,4 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
     return ReplayCheck(original=original.name if original is not None else "original",
                        replay=replay.name if replay is not None else "replay", deterministic=deterministic,
                        from_step=from_step, to_step=to_step, steps=steps, sites=sites, first_step=first_step,
-                       first_site=first_site, closeness=closeness)
+                       first_site=first_site, closeness=closeness, sites_not_compared=not_compared)

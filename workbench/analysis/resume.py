@@ -17,7 +17,7 @@ import numpy as np
 
 from workbench.analysis.compare import IncomparableRunsError, compare
 from workbench.analysis.records import RunRecords
-from workbench.errors import ConfigError
+from workbench.errors import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def resume_check(resumed: RunRecords, reference: RunRecords, *, from_step: int |
     """Compare ``resumed`` with the uninterrupted ``reference`` from the resume step on."""
     if from_step is None:
         if not resumed.resumes:
-            raise ConfigError(f"{resumed.name} was never resumed (its manifest lists no resume step); "
+            raise ArgumentError(f"{resumed.name} was never resumed (its manifest lists no resume step); "
                               "pass the step to check from")
         from_step = min(resumed.resumes)
     result = compare(resumed, reference)

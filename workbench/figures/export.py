@@ -33,7 +33,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from workbench.errors import ConfigError, ExportError
+from workbench.errors import ArgumentError, ExportError
 
 FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "html")
 """Formats ``export_figures`` writes; all but "html" need a browser."""
@@ -83,7 +83,7 @@ def export_figures(
     ``width``/``height`` are layout pixels (default: the figure's own layout size, else 700x500); PNGs are
     ``scale`` times larger in physical pixels. ``progress`` gets one line per file written, e.g.
     ``"[3/8] out/loss.png"``. ``mathjax`` is the path of a local MathJax 3 ``tex-svg.js`` for LaTeX labels.
-    Raises ``ConfigError`` for bad arguments and ``ExportError`` when static formats were requested but no
+    Raises ``ArgumentError`` for bad arguments and ``ExportError`` when static formats were requested but no
     browser is found or it fails; HTML files requested in the same call are written before that.
     """
     wanted = parse_formats(formats)
@@ -153,11 +153,11 @@ def parse_formats(formats: Iterable[str]) -> list[str]:
     for fmt in formats:
         clean = str(fmt).lower().lstrip(".")
         if clean not in FORMATS:
-            raise ConfigError(f"Unknown export format {fmt!r}: use one or more of {', '.join(FORMATS)}.")
+            raise ArgumentError(f"Unknown export format {fmt!r}: use one or more of {', '.join(FORMATS)}.")
         if clean not in parsed:
             parsed.append(clean)
     if not parsed:
-        raise ConfigError(f"No export format given: pass one or more of {', '.join(FORMATS)}.")
+        raise ArgumentError(f"No export format given: pass one or more of {', '.join(FORMATS)}.")
     return parsed
 
 
@@ -278,11 +278,11 @@ def _file_stems(figures: Mapping[str, go.Figure]) -> dict[str, str]:
     owner: dict[str, str] = {}
     for name, fig in figures.items():
         if not isinstance(fig, go.Figure):
-            raise ConfigError(f"Figure {name!r} is a {type(fig).__name__}, not a plotly.graph_objects.Figure: "
+            raise ArgumentError(f"Figure {name!r} is a {type(fig).__name__}, not a plotly.graph_objects.Figure: "
                               "pass the figure itself (go.Figure(fig_dict) converts a dict).")
         stem = safe_file_name(str(name))
         if stem in owner:
-            raise ConfigError(f"Figures {owner[stem]!r} and {name!r} would both be written as {stem!r}: "
+            raise ArgumentError(f"Figures {owner[stem]!r} and {name!r} would both be written as {stem!r}: "
                               "rename one of them.")
         owner[stem] = str(name)
         stems[name] = stem
@@ -291,10 +291,10 @@ def _file_stems(figures: Mapping[str, go.Figure]) -> dict[str, str]:
 
 def _check_size(scale: float, width: int | None, height: int | None) -> None:
     if not scale > 0:
-        raise ConfigError(f"scale must be a positive number, got {scale!r}.")
+        raise ArgumentError(f"scale must be a positive number, got {scale!r}.")
     for field, value in (("width", width), ("height", height)):
         if value is not None and (not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{field} must be a positive number of layout pixels or None, got {value!r}.")
+            raise ArgumentError(f"{field} must be a positive number of layout pixels or None, got {value!r}.")
 
 
 def _parse_mathjax(mathjax: str | Path | None) -> Path | None:
@@ -302,7 +302,7 @@ def _parse_mathjax(mathjax: str | Path | None) -> Path | None:
         return None
     path = Path(mathjax)
     if not path.is_file():
-        raise ConfigError(f"mathjax={str(mathjax)!r} is not a file: pass the path of a local MathJax 3 "
+        raise ArgumentError(f"mathjax={str(mathjax)!r} is not a file: pass the path of a local MathJax 3 "
                           "tex-svg.js (npm package mathjax@3, es5/tex-svg.js) or None to leave LaTeX as text.")
     return path.resolve()
 

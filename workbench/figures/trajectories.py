@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.errors import ArgumentError
 from workbench.figures.anomalies import mark_anomalies
 from workbench.figures.style import Provenance, apply_style, colour, floor_band
 
@@ -28,7 +29,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                       title: str | None = None, anomalies: pd.DataFrame | None = None) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``."""
     if reference is not None and reference not in series:
-        raise KeyError(f"reference {reference!r} is not among the runs {', '.join(series)}")
+        raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
     fig = make_subplots(rows=2 if with_diff else 1, cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         row_heights=[0.62, 0.38] if with_diff else [1.0])

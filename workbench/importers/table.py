@@ -36,7 +36,7 @@ import xarray as xr
 
 from workbench.analysis.records import RunRecords
 from workbench.config import RecordConfig, RunConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ArgumentError, WorkbenchError
 from workbench.manifest import new_manifest
 from workbench.sites import layer_of, split_site
 from workbench.statistics import STAT_NAMES
@@ -163,7 +163,7 @@ def long_table(records: RunRecords, stats: Sequence[str] = STAT_NAMES) -> pd.Dat
     """The long table of ``records`` restricted to ``stats``: rows by step, then site, then stat."""
     unknown = [s for s in stats if s not in STAT_NAMES]
     if unknown:
-        raise ValueError(f"unknown statistics {unknown}; choose from {', '.join(STAT_NAMES)}")
+        raise ArgumentError(f"unknown statistics {unknown}; choose from {', '.join(STAT_NAMES)}")
     values = records.stats.sel({layout.STAT_DIM: list(stats)}).transpose(
         layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM).to_numpy()  # [step, site, stat]
     n_steps, n_sites, n_stats = values.shape

@@ -90,7 +90,7 @@ def te_names(site: str) -> tuple[str, str]:
         return name, kind
     if kind in SITE_KINDS:
         return name, _OWN_TENSOR + kind
-    raise ValueError(f"site {site!r}: kind {kind!r} is neither a workbench site kind ({', '.join(SITE_KINDS)}) "
+    raise ImportFormatError(f"site {site!r}: kind {kind!r} is neither a workbench site kind ({', '.join(SITE_KINDS)}) "
                      f"nor a Transformer Engine tensor ({', '.join(TE_TENSORS)})")
 
 

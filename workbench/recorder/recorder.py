@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.config import RecordConfig
+from workbench.errors import DamagedStoreError
 from workbench.recorder import kernels
 from workbench.recorder.placement import Placement, activation_placement, token_placement
 from workbench.recorder.targets import (
@@ -470,5 +471,5 @@ def _sites_group_matches(run_dir: Path, steps: list[int], registry: list[str]) -
         group = layout.subgroup(zarr.open_group(layout.RunPaths(run_dir).store, mode="r"), layout.SITES_GROUP)
         return (np.asarray(layout.array(group, layout.STEP_DIM)[:]).tolist() == steps
                 and [str(s) for s in np.asarray(layout.array(group, layout.SITE_DIM)[:])] == registry)
-    except KeyError:
+    except DamagedStoreError:
         return False

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from workbench import determinism
 from workbench.config import RunConfig
 from workbench.data import SyntheticCorpus, rank_microbatch_indices
+from workbench.errors import CheckpointError
 from workbench.runner import cpu_compat
 from workbench.store import layout
 from workbench.store.reader import open_run
@@ -218,7 +219,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
         start = checkpoint.latest_step(paths)
         meta = checkpoint.read_meta(paths, start)
         if meta.get("layout") != manifest["layout"] or meta.get("config_hash") != manifest["config_hash"]:
-            raise SystemExit(f"checkpoint {paths.checkpoint(start)} was written by a different config or layout")
+            raise CheckpointError(f"checkpoint {paths.checkpoint(start)} was written by a different config or layout "
+                                  "than this run's; resume it with the config it was trained with, or start afresh")
         trainer.restore(checkpoint.load(paths, start))
     if rank == 0:
         record = dict(manifest["determinism"])

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import zarr
 
+from workbench.errors import DamagedStoreError
+
 SCHEMA_VERSION = 1
 STORE_KIND = "workbench.run"
 
@@ -153,16 +155,34 @@ def resolve_run_dir(path: Path) -> Path | None:
 
 
 def array(group: zarr.Group, path: str) -> zarr.Array:
-    """The array at ``path`` inside ``group`` (typed; KeyError if it is missing or a group)."""
-    node = group[path]
+    """The array at ``path`` inside ``group``; ``DamagedStoreError`` if it is missing or a group."""
+    node = _node(group, path)
     if not isinstance(node, zarr.Array):
-        raise KeyError(f"{path} is a group, not an array")
+        raise DamagedStoreError(f"{_where(group, path)} is a group where the run store keeps an array; "
+                                "the store is damaged (rewrite the run)")
     return node
 
 
 def subgroup(group: zarr.Group, path: str) -> zarr.Group:
-    """The group at ``path`` inside ``group`` (typed; KeyError if it is missing or an array)."""
-    node = group[path]
+    """The group at ``path`` inside ``group``; ``DamagedStoreError`` if it is missing or an array."""
+    node = _node(group, path)
     if not isinstance(node, zarr.Group):
-        raise KeyError(f"{path} is an array, not a group")
+        raise DamagedStoreError(f"{_where(group, path)} is an array where the run store keeps a group; "
+                                "the store is damaged (rewrite the run)")
     return node
+
+
+def _where(group: zarr.Group, path: str) -> str:
+    root = str(group.store_path).removeprefix("file://")
+    return f"{root.rstrip('/')}/{path}"
+
+
+def _node(group: zarr.Group, path: str) -> zarr.Array | zarr.Group:
+    try:
+        return group[path]
+    except KeyError:
+        raise DamagedStoreError(f"{_where(group, path)} is missing: the run store is still being created "
+                                "or is damaged (wait for its producer, or rewrite the run)") from None
+    except Exception as err:  # zarr raises several types for unreadable metadata
+        raise DamagedStoreError(f"{_where(group, path)} cannot be read ({type(err).__name__}: {err}); "
+                                "the run store is damaged (rewrite the run)") from None

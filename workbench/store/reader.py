@@ -23,7 +23,7 @@ import zarr
 
 from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
-from workbench.errors import NoSitesError, NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.errors import ArgumentError, NoSitesError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
 
 
@@ -156,7 +156,7 @@ class Run:
         group, n = self._sites_group(), self.recorded_steps_completed
         names = [str(n) for n in np.asarray(layout.array(group, layout.STAT_DIM)[:])]
         if name not in names:
-            raise KeyError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
+            raise ArgumentError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
         return pd.DataFrame(layout.array(group, layout.STATS_ARRAY)[:n, :, names.index(name)],
                             columns=layout.array(group, layout.SITE_DIM)[:],
                             index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
@@ -188,7 +188,7 @@ class Run:
         stats = self.sites()["stats"].reset_coords(drop=True)  # site metadata would be compared at every operation
         return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=stats if lazy else stats.load(),
                           model=dict(self.manifest["config"]["model"]), status=self.status,
-                          resumes=tuple(int(s) for s in self.manifest.get("resumes", [])))
+                          resumes=tuple(int(s) for s in self.manifest.get("resumes", [])), scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""
@@ -204,7 +204,7 @@ class Run:
         try:
             return np.asarray(zarr.open_array(self.paths.store / path, mode="r")[...])
         except (FileNotFoundError, KeyError, ValueError):
-            raise KeyError(f"{self.path}: no snapshot of {site} at step {step}; "
+            raise NoSitesError(f"{self.path}: no snapshot of {site} at step {step}; "
                            "set record.snapshot_steps and record.snapshot_sites") from None
 
     def snapshot_dtype(self, step: int, site: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.config import RecordConfig, RunConfig
+from workbench.errors import ArgumentError
 from workbench.manifest import new_manifest
 from workbench.sites import site_id
 from workbench.statistics import STAT_NAMES
@@ -58,9 +59,9 @@ def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: in
                         growth: float = 0.01, name: str | None = None) -> Path:
     """Write one synthetic run store (see the module docstring); returns its folder."""
     if steps < 1 or sites < 1:
-        raise ValueError(f"steps and sites must be >= 1, got steps={steps}, sites={sites}")
+        raise ArgumentError(f"steps and sites must be >= 1, got steps={steps}, sites={sites}")
     if diverge_at is not None and not (0 <= diverge_at[0] < steps and 0 <= diverge_at[1] < sites):
-        raise ValueError(f"diverge_at={diverge_at} lies outside {steps} steps x {sites} sites")
+        raise ArgumentError(f"diverge_at={diverge_at} lies outside {steps} steps x {sites} sites")
     run_dir = Path(run_dir)
     cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
     manifest = new_manifest(cfg)

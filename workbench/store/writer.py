@@ -9,7 +9,9 @@ writes off the training thread.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import queue
+import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,10 +30,15 @@ def now() -> str:
 
 
 def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr.Group:
-    """Create (overwriting) the store of a run with ``steps`` preallocated rows."""
+    """Create (overwriting) the store of a run with ``steps`` preallocated rows.
+
+    The store is built beside its place and moved there whole, so a reader sees either no
+    store or a complete one, never a half-made group.
+    """
     paths = layout.RunPaths(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    root = zarr.open_group(paths.store, mode="w", zarr_format=3)
+    staging = _staging(run_dir, paths.store)
+    root = zarr.open_group(staging, mode="w", zarr_format=3)
     root.attrs.update({"kind": layout.STORE_KIND, "schema_version": layout.SCHEMA_VERSION, **manifest})
     scalars = root.create_group(layout.SCALARS_GROUP)
     dims = [layout.STEP_DIM]
@@ -45,7 +52,30 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr
                              dimension_names=dims)
     scalars.create_array(layout.DONE_FIELD, shape=(steps,), chunks=chunks, dtype="int8", fill_value=0,
                          dimension_names=dims)
-    return root
+    _move_into_place(staging, paths.store)
+    return zarr.open_group(paths.store, mode="r+")
+
+
+def _staging(run_dir: Path, final: Path) -> Path:
+    """A fresh folder in ``run_dir`` for building ``final`` (same filesystem, so the move is one rename;
+    outside the store, so no reader lists it as a member)."""
+    staging = run_dir / f".{final.name}.creating-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    return staging
+
+
+def _move_into_place(staging: Path, final: Path) -> None:
+    """Rename ``staging`` to ``final``; an existing ``final`` is moved aside first and then deleted."""
+    old = None
+    if final.exists():
+        old = staging.parent / f".{final.name}.replaced-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(staging, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def update_manifest(run_dir: Path, **fields: Any) -> None:
@@ -167,9 +197,11 @@ class SiteInfo:
 
 
 def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -> None:
-    """Create the ``sites`` group for the recorded ``steps`` and ``sites`` (in execution order)."""
-    root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
-    group = root.create_group(layout.SITES_GROUP, overwrite=True)
+    """Create (replacing) the ``sites`` group for the recorded ``steps`` and ``sites`` (in execution
+    order); like the store, it is built aside and appears whole."""
+    final = layout.RunPaths(run_dir).store / layout.SITES_GROUP
+    staging = _staging(Path(run_dir), final)
+    group = zarr.open_group(staging, mode="w", zarr_format=3)  # moved into the store once complete
     n_steps, n_sites, n_stats = len(steps), len(sites), len(STAT_NAMES)
     step_chunk = max(1, min(layout.SITE_STEP_CHUNK, n_steps))
 
@@ -191,6 +223,7 @@ def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -
                        chunks=(step_chunk, n_sites), dimension_names=[layout.STEP_DIM, layout.SITE_DIM])
     group.create_array(layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(step_chunk,),
                        dimension_names=[layout.STEP_DIM])
+    _move_into_place(staging, final)
 
 
 def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
