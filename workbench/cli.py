@@ -150,7 +150,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     result = compare(open_run(args.a).records(), open_run(args.b).records())
     if args.json:
-        print(json.dumps({**result.to_dict(), "growth_log10_per_step": _finite_or_none(amplification(result).rate)},
+        growth = amplification(result)
+        print(json.dumps({**result.to_dict(), "growth_log10_per_step": _finite_or_none(growth.rate),
+                          "saturation_step": growth.saturation_step, "plateau": _finite_or_none(growth.plateau)},
                          indent=1))
         return 0
     for warning in result.warnings:
@@ -172,6 +174,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"growth of the relative L2 difference after step {result.first_step}: {growth.rate:+.3f} decades "
               f"per step (median over sites: {growth.overall.loc[result.first_step]:.2e} at step "
               f"{result.first_step}, {growth.overall.iloc[-1]:.2e} at step {result.common_steps[-1]})")
+        if growth.saturation_step is not None:
+            print(f"saturates at step {growth.saturation_step}, at {growth.plateau:.2e}")
     print("largest relative differences of the L2 norm at the last common step:")
     for site, value in result.largest_differences().items():
         print(f"  {value:10.3e}  {site}")

@@ -36,7 +36,8 @@ class StudySummary:
             floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
             table = self.ladder.summary.drop(columns=["identical", "floor_exit_site"]).rename(columns={
                 "floor_exit_step": "leaves_floor_at", "floor_exit_layer": "leaves_floor_in",
-                "growth": "growth_log10/step", "final_error": "final_rel_l2"})
+                "growth": "growth_log10/step", "saturation_step": "saturates_at",
+                "plateau": "plateau_rel_l2", "final_error": "final_rel_l2"})
             lines += ["", f"precision and layout against {self.reference} ({floor}; statistics sum_sq, min, max):",
                       table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), "",
                       "relative L2 difference at the last step, median over each layer's sites:",

@@ -72,7 +72,23 @@ def test_amplification_fit_line_follows_the_growth() -> None:
     fig = amplification_figure(compare(a, RunRecords("b", fingerprints, b, a.model)))
     fit = fig.data[-1]
     assert "decades/step" in fit.name and fig.layout.yaxis.type == "log"
-    assert fit.name.startswith("fit: +0.5")
+    assert fit.name.startswith("growth: +0.5") and (min(fit.x), max(fit.x)) == (4, 11)
+
+
+def test_amplification_fit_is_drawn_over_the_growth_phase_and_the_plateau_beside_it() -> None:
+    a = records("a", steps=40)
+    b = a.stats.copy()
+    fingerprints = a.fingerprints.copy()
+    for step in range(40):  # 1e-10 growing a decade every 3 steps until step 15, then flat
+        b.loc[{"step": step}] = a.stats.sel(step=step) * (1 + 1e-10 * 10 ** (min(step, 15) / 3))
+        fingerprints.loc[step] = fingerprints.loc[step] ^ 1
+    from workbench.analysis import RunRecords
+
+    fig = amplification_figure(compare(a, RunRecords("b", fingerprints, b, a.model)))
+    fit, plateau = fig.data[-2], fig.data[-1]
+    assert fit.name.startswith("growth: +0.33") and (min(fit.x), max(fit.x)) == (0, 15)
+    assert plateau.name.startswith("saturates at step 15") and (min(plateau.x), max(plateau.x)) == (15, 39)
+    assert max(fit.y) == pytest.approx(1e-5, rel=0.05) and list(plateau.y) == [pytest.approx(1e-5, rel=0.05)] * 25
 
 
 def test_trajectory_with_reference_floor_and_difference_panel() -> None:

@@ -8,7 +8,7 @@ import xarray as xr
 
 from tests.unit.test_compare import SITES, perturb, records
 from workbench.analysis import IncomparableRunsError, RunRecords, compare
-from workbench.analysis.growth import amplification, leaves_floor, noise_floor
+from workbench.analysis.growth import amplification, growth_phase, leaves_floor, noise_floor
 
 
 def with_stats(run: RunRecords, name: str, stats: xr.DataArray) -> RunRecords:
@@ -49,3 +49,34 @@ def test_noise_floor_envelope_and_first_exit_in_execution_order() -> None:
 def test_noise_floor_needs_two_runs() -> None:
     with pytest.raises(IncomparableRunsError, match="at least two"):
         noise_floor([records("only")])
+
+
+@pytest.mark.parametrize(("rate", "knee", "noise"), [(0.3, 15, 0.0), (0.25, 20, 0.05), (0.5, 8, 0.1)])
+def test_growth_then_plateau_is_fitted_over_the_growth_phase_only(rate: float, knee: int, noise: float) -> None:
+    steps = np.arange(2, 60)
+    log = -10 + rate * (np.minimum(steps, knee) - 2) + np.random.default_rng(0).normal(0, noise, steps.size)
+    fitted_rate, intercept, last, saturation = growth_phase(steps, 10.0 ** log)
+    assert fitted_rate == pytest.approx(rate, rel=0.1)
+    assert saturation == pytest.approx(knee, abs=1) and last == saturation
+    assert intercept + fitted_rate * saturation == pytest.approx(-10 + rate * (knee - 2), abs=0.3)
+
+
+def test_steady_growth_has_no_plateau_and_a_flat_difference_no_saturation() -> None:
+    steps = np.arange(0, 40)
+    rate, _, last, saturation = growth_phase(steps, 10.0 ** (-9 + 0.2 * steps))
+    assert rate == pytest.approx(0.2) and saturation is None and last == 39
+    flat = growth_phase(steps, np.full(steps.size, 3e-4))  # a systematic change: large from the start
+    assert flat[0] == pytest.approx(0.0, abs=1e-9) and flat[3] is None
+
+
+def test_amplification_reports_where_the_growth_saturates_and_at_what_level() -> None:
+    a = records("a", steps=30)
+    b = perturb(a, "b", step=0, site=SITES[0])
+    stats = b.stats.copy()
+    for step in range(30):  # every site: 1e-10, a decade every 2 steps up to step 10, then flat at 1e-5
+        factor = 1 + 1e-10 * 10 ** (min(step, 10) / 2)
+        stats.loc[{"step": step, "stat": "l2"}] = a.stats.sel(step=step, stat="l2") * factor
+    growth = amplification(compare(a, with_stats(b, "b", stats)))
+    assert growth.rate == pytest.approx(0.5, rel=0.05)
+    assert growth.saturation_step == 10 and growth.fit_steps == (0, 10)
+    assert growth.plateau == pytest.approx(1e-5, rel=0.05)

@@ -21,7 +21,8 @@ import xarray as xr
 from workbench.analysis.compare import Comparison, IncomparableRunsError
 from workbench.analysis.records import RunRecords
 
-PLATEAU_DECADES = 0.5
+MIN_RISE_DECADES = 1.0
+"""A saturation is reported only after the difference rose by at least this much."""
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,15 @@ class Amplification:
     overall: pd.Series
     """Median over sites of the relative difference, per step."""
     rate: float
-    """Fitted growth of ``overall`` in log10 per step over the growth phase: from the first divergent
-    step until it first comes within ``PLATEAU_DECADES`` of its largest value, when it rose by at
-    least twice that in all (else every step). A chaotic amplification saturates; a fit over the
-    plateau would report a rate near zero. NaN if unknown."""
+    """Growth of ``overall`` in log10 per step over the growth phase (``fit_steps``). NaN if unknown."""
     intercept: float = float("nan")
-    """log10 of the fitted ``overall`` at step 0: the fit is 10 ** (intercept + rate * step)."""
+    """log10 of the fitted ``overall`` at step 0: over ``fit_steps`` the fit is 10 ** (intercept + rate * step)."""
+    fit_steps: tuple[int, int] | None = None
+    """First and last step the growth fit describes; None without a fit."""
+    saturation_step: int | None = None
+    """Where the growth ends and the difference stays flat; None when it grows to the last step."""
+    plateau: float = float("nan")
+    """The level (relative difference) it saturates at; NaN without a saturation."""
 
 
 def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
@@ -49,8 +53,38 @@ def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
+def growth_phase(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, int, int | None]:
+    """Fit log10(values) = intercept + rate * min(step, knee): growth, then a plateau from the knee on.
+
+    Every observed step is tried as the knee (least squares each); the best one is a saturation
+    when it leaves at least two steps of plateau, fits at least twice as well as one straight
+    line, and the difference rose by ``MIN_RISE_DECADES`` or more before it. Returns (rate,
+    intercept, last step of the growth fit, saturation step or None); NaN rate with < 2 points.
+    """
+    keep = np.isfinite(values) & (values > 0)
+    x = steps[keep].astype(float)
+    y = np.log10(values[keep])
+    if x.size < 2:
+        return float("nan"), float("nan"), int(steps[-1]) if steps.size else 0, None
+    rate, intercept = (float(v) for v in np.polyfit(x, y, 1))
+    line_sse = float(np.sum((y - (intercept + rate * x)) ** 2))
+    best: tuple[float, float, float, int] | None = None  # sse, rate, intercept, knee index
+    for k in range(1, x.size - 2):  # the knee leaves >= 2 plateau points after it
+        feature = np.minimum(x, x[k])
+        r, a = np.polyfit(feature, y, 1)
+        sse = float(np.sum((y - (a + r * feature)) ** 2))
+        if best is None or sse < best[0]:
+            best = (sse, float(r), float(a), k)
+    if best is not None:
+        sse, r, a, k = best
+        if r > 0 and r * (x[k] - x[0]) >= MIN_RISE_DECADES and sse <= 0.5 * line_sse:
+            return r, a, int(x[k]), int(x[k])
+    return rate, intercept, int(x[-1]), None
+
+
 def amplification(result: Comparison, stat: str = "l2") -> Amplification:
-    """Growth of ``stat``'s relative difference after ``result.first_step``."""
+    """Growth of ``stat``'s relative difference after ``result.first_step``: how fast (decades per
+    step), for how long (until ``saturation_step``) and up to where (``plateau``)."""
     rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
     rows = []
     for site in rel.columns:
@@ -66,16 +100,13 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     if result.first_step is None:
         return Amplification(stat, per_site, overall, float("nan"))
     after = overall.loc[result.first_step:]
-    values = after.to_numpy(dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log = np.log10(np.where(values > 0, values, np.nan))
-    finite = log[np.isfinite(log)]
-    if finite.size and finite.max() - finite[0] >= 2 * PLATEAU_DECADES:
-        # a rise of a decade or more saturates: the growth phase ends within half a decade of the peak
-        end = int(np.argmax(log >= finite.max() - PLATEAU_DECADES)) + 1
-        after = after.iloc[:max(end, 2)]
-    rate, intercept = _fit(after.index.to_numpy(), after.to_numpy(dtype=float))
-    return Amplification(stat, per_site, overall, rate, intercept)
+    steps, values = after.index.to_numpy(), after.to_numpy(dtype=float)
+    rate, intercept, last, knee = growth_phase(steps, values)
+    if not np.isfinite(rate):
+        return Amplification(stat, per_site, overall, rate)
+    plateau = float(np.nanmedian(values[steps >= knee])) if knee is not None else float("nan")
+    return Amplification(stat, per_site, overall, rate, intercept, fit_steps=(int(result.first_step), last),
+                         saturation_step=knee, plateau=plateau)
 
 
 @dataclass(frozen=True)

@@ -97,13 +97,16 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
                 exit_step, exit_site = check.first_step, check.first_site
                 exit_layer = layer_label(str(exit_site))
         last = result.relative_difference.sel(stat=stat).isel(step=-1).to_numpy().astype(float)
+        growth = amplification(result, stat)
         rows.append({"run": run.name, "identical": result.identical, "first_step": result.first_step,
                      "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,
-                     "floor_exit_layer": exit_layer, "growth": amplification(result, stat).rate,
+                     "floor_exit_layer": exit_layer, "growth": growth.rate,
+                     "saturation_step": growth.saturation_step, "plateau": growth.plateau,
                      "final_error": float(np.nanmedian(last)) if np.isfinite(last).any() else float("nan")})
     per_layer_all = (pd.concat(frames, ignore_index=True) if frames
                      else pd.DataFrame(columns=["run", "layer", "step", "relative_error"]))
     summary = pd.DataFrame(rows, columns=["run", "identical", "first_step", "first_site", "floor_exit_step",
-                                          "floor_exit_site", "floor_exit_layer", "growth", "final_error"])
+                                          "floor_exit_site", "floor_exit_layer", "growth", "saturation_step", "plateau",
+                                          "final_error"])
     return Ladder(reference.name, stat, per_layer_all,
-                  summary.astype({"first_step": "Int64", "floor_exit_step": "Int64"}))
+                  summary.astype({"first_step": "Int64", "floor_exit_step": "Int64", "saturation_step": "Int64"}))

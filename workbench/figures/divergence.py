@@ -146,11 +146,16 @@ def amplification_figure(result: Comparison, stat: str = "l2", *,
         fig.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=str(layer),
                                  line=dict(color=colour(i), width=1.6)))
     growth = amplification(result, stat)
-    if np.isfinite(growth.rate):
-        steps = np.asarray(table.index, dtype=float)
+    if growth.fit_steps is not None:  # the fit is drawn only over the steps it describes
+        steps = np.asarray([s for s in table.index if growth.fit_steps[0] <= s <= growth.fit_steps[1]], dtype=float)
         fit = 10.0 ** (growth.intercept + growth.rate * steps)
-        fig.add_trace(go.Scatter(x=steps, y=fit, mode="lines", name=f"fit: {growth.rate:+.3f} decades/step",
+        fig.add_trace(go.Scatter(x=steps, y=fit, mode="lines", name=f"growth: {growth.rate:+.3f} decades/step",
                                  line=dict(color="#000000", dash="dash", width=2)))
+    if growth.saturation_step is not None:
+        flat = [s for s in table.index if s >= growth.saturation_step]
+        fig.add_trace(go.Scatter(x=flat, y=[growth.plateau] * len(flat), mode="lines",
+                                 name=f"saturates at step {growth.saturation_step}: {growth.plateau:.1e}",
+                                 line=dict(color="#000000", dash="dot", width=2)))
     apply_style(fig, title=f"{result.a} vs {result.b}: growth of the relative difference of {stat} "
                 f"after step {result.first_step}", provenance=provenance)
     fig.update_yaxes(type="log", title=f"relative difference of {stat} (median over the layer's sites)",
