@@ -133,7 +133,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from workbench.store.reader import list_runs
 
-    table = list_runs(args.directory)
+    table = list_runs(args.directory, on_skip=lambda path, err: print(f"workbench: skipped {path}: {err}",
+                                                                      file=sys.stderr))
     if table.empty:
         print(f"no runs under {args.directory}")
         return 0

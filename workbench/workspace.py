@@ -79,8 +79,11 @@ class Workspace:
             if layout.resolve_run_dir(path) is not None:
                 folders.append(layout.resolve_run_dir(path))  # type: ignore[arg-type]
             elif path.is_dir():
+                found = find_runs(path)
+                if not found:
+                    raise RunNotFoundError(f"{path}: neither a run nor a folder of runs (no run.zarr under it)")
                 # Replays (``workbench replay``/``bisect``) repeat part of a run: opened only when named.
-                folders += [f for f in find_runs(path) if not open_run(f).manifest.get("replay")]
+                folders += [f for f in found if not open_run(f).manifest.get("replay")]
             else:
                 raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
                                        "(or `workbench demo`)")

@@ -52,3 +52,13 @@ def test_analysis_figures_widgets_and_store_import_without_torch() -> None:
             "bad = [m for m in ('torch', 'megatron') if m in sys.modules]\nprint(','.join(bad))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "", f"these layers pulled in {done.stdout.strip()}"
+
+
+def test_python_dash_m_workbench_is_the_workbench_command() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "workbench", "compare", str(ROOT / "absent"), str(ROOT)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("workbench: error:") and "no such run" in done.stderr
+    assert "make lint" in (ROOT / ".ci" / "run").read_text()

@@ -94,3 +94,39 @@ def test_manifest_records_determinism_and_versions(synthetic_run: Path) -> None:
     assert manifest["determinism"]["required_env"]["NCCL_ALGO"] == "Ring"
     assert manifest["versions"]["zarr"] == zarr.__version__
     assert "config_hash" in manifest and manifest["config"]["name"] == "synthetic"
+
+
+def test_a_store_being_created_is_never_seen_half_made(tmp_path: Path) -> None:
+    """A producer creates stores (the scalars, then the site arrays) while a reader polls each one:
+    the reader sees no store or a whole one, never a group without its arrays (the race a busy
+    machine exposed)."""
+    import threading
+
+    from workbench.errors import DamagedStoreError
+    from workbench.store.synthetic import write_synthetic_run as write_with_sites
+
+    count = 40
+    producer = threading.Thread(target=lambda: [write_with_sites(tmp_path / f"run{i}", steps=4, sites=6, seed=i)
+                                                for i in range(count)])
+    producer.start()
+    seen = {"scalars": 0, "sites": 0}
+    try:
+        while producer.is_alive():
+            for run_dir in sorted(tmp_path.glob("run*")):
+                if not (run_dir / layout.STORE_DIR).exists():
+                    continue
+                try:
+                    run = open_run(run_dir)
+                    assert run.steps_planned == 4 and len(run.scalars.columns) > 0
+                    seen["scalars"] += 1
+                    if run.has_sites:
+                        assert run.fingerprints().shape[1] == 6
+                        seen["sites"] += 1
+                except DamagedStoreError as err:
+                    pytest.fail(f"a reader saw a half-made store: {err}")
+    finally:
+        producer.join()
+    assert seen["scalars"] > 0 and seen["sites"] > 0
+    for i in range(count):
+        assert open_run(tmp_path / f"run{i}").fingerprints().shape == (4, 6)
+    assert not [p for p in tmp_path.rglob(".*")]  # no staging folder left behind

@@ -34,8 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import zarr
+from zarr.codecs import ZstdCodec
 
 from workbench.errors import DamagedStoreError
 
@@ -74,6 +77,8 @@ SITE_META_FIELDS: dict[str, str] = {
 STATS_ARRAY = "stats"
 FINGERPRINT_ARRAY = "fingerprint"
 SNAPSHOTS_GROUP = "snapshots"
+COMPRESSORS = (ZstdCodec(level=0, checksum=True),)
+"""Every chunk is compressed with a checksum, so a corrupt chunk fails to read instead of reading wrong."""
 
 
 def snapshot_path(step: int, kind: str, name: str) -> str:
@@ -186,3 +191,24 @@ def _node(group: zarr.Group, path: str) -> zarr.Array | zarr.Group:
     except Exception as err:  # zarr raises several types for unreadable metadata
         raise DamagedStoreError(f"{_where(group, path)} cannot be read ({type(err).__name__}: {err}); "
                                 "the run store is damaged (rewrite the run)") from None
+
+
+def read(node: zarr.Array, selection: Any = slice(None)) -> np.ndarray:
+    """``node[selection]`` as numpy; ``DamagedStoreError`` naming the array if a chunk cannot be decoded."""
+    try:
+        return np.asarray(node[selection])
+    except Exception as err:  # the codecs raise RuntimeError, ValueError, ... for a bad chunk
+        where = str(node.store_path).removeprefix("file://")
+        raise DamagedStoreError(f"{where}: a chunk cannot be read ({type(err).__name__}: {err}); the run store "
+                                "is damaged (a truncated or corrupt file): rewrite the run") from None
+
+
+class GuardedArray:
+    """A zarr array for ``dask.array.from_array`` whose reads fail as ``DamagedStoreError`` (see ``read``)."""
+
+    def __init__(self, node: zarr.Array) -> None:
+        self._node = node
+        self.shape, self.dtype, self.ndim = node.shape, node.dtype, node.ndim
+
+    def __getitem__(self, selection: Any) -> np.ndarray:
+        return read(self._node, selection)

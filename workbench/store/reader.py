@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -23,7 +25,15 @@ import zarr
 
 from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
-from workbench.errors import ArgumentError, NoSitesError, NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.errors import (
+    ArgumentError,
+    DamagedStoreError,
+    NoSitesError,
+    NotARunError,
+    RunNotFoundError,
+    SchemaVersionError,
+    WorkbenchError,
+)
 from workbench.store import layout
 
 
@@ -46,17 +56,26 @@ class Run:
     def manifest(self) -> dict[str, Any]:
         return dict(self._root.attrs)
 
+    def _field(self, name: str, kind: type) -> Any:
+        """The manifest's field ``name``, checked to be a ``kind``; one clear error if not."""
+        value = self.manifest.get(name)
+        if not isinstance(value, kind):
+            what = "lacks the field" if name not in self.manifest else f"has {type(value).__name__} in the field"
+            raise DamagedStoreError(f"{self.paths.store}: the manifest (zarr.json attributes) {what} {name!r}, "
+                                    f"where a {kind.__name__} belongs; rewrite the run or restore the field")
+        return value
+
     @property
     def name(self) -> str:
-        return str(self.manifest["name"])
+        return str(self._field("name", str))
 
     @property
     def run_id(self) -> str:
-        return str(self.manifest["run_id"])
+        return str(self._field("run_id", str))
 
     @cached_property
     def config(self) -> RunConfig:
-        return RunConfig.from_dict(self.manifest["config"], source=f"{self.paths.store} (manifest)")
+        return RunConfig.from_dict(self._field("config", dict), source=f"{self.paths.store} (manifest)")
 
     @property
     def steps_planned(self) -> int:
@@ -65,7 +84,7 @@ class Run:
     @property
     def done(self) -> np.ndarray:
         """Per planned step: whether its row has been written (re-read on every access)."""
-        return np.asarray(layout.array(self._scalars, layout.DONE_FIELD)[:], dtype=bool)
+        return layout.read(layout.array(self._scalars, layout.DONE_FIELD)).astype(bool)
 
     def _completed_span(self) -> tuple[int, int]:
         """[first, end) of the steps written without a gap from the first written one."""
@@ -100,7 +119,8 @@ class Run:
         """Per-step scalars of the completed steps, indexed by ``step``."""
         group = self._scalars
         first, end = self._completed_span()
-        frame = pd.DataFrame({name: layout.array(group, name)[first:end] for name in layout.SCALAR_FIELDS},
+        frame = pd.DataFrame({name: layout.read(layout.array(group, name), slice(first, end))
+                              for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)
         return frame
@@ -126,7 +146,7 @@ class Run:
     @property
     def recorded_steps_completed(self) -> int:
         """Recorded steps written without a gap from the first one."""
-        done = np.asarray(layout.array(self._sites_group(), layout.DONE_FIELD)[:], dtype=bool)
+        done = layout.read(layout.array(self._sites_group(), layout.DONE_FIELD)).astype(bool)
         return int(np.argmin(done)) if not done.all() else len(done)
 
     def sites(self) -> xr.Dataset:
@@ -141,25 +161,36 @@ class Run:
     def site_table(self) -> pd.DataFrame:
         """One row per site, in execution order: kind, name, layer, order, shape, dtype, numel."""
         group = self._sites_group()
-        return pd.DataFrame({f: layout.array(group, f)[:] for f in layout.SITE_META_FIELDS},
-                            index=pd.Index(layout.array(group, layout.SITE_DIM)[:], name=layout.SITE_DIM))
+        return pd.DataFrame({f: layout.read(layout.array(group, f)) for f in layout.SITE_META_FIELDS},
+                            index=pd.Index(self._site_names(group), name=layout.SITE_DIM))
 
     def fingerprints(self) -> pd.DataFrame:
         """Fingerprints (uint64), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed
-        return pd.DataFrame(layout.array(group, layout.FINGERPRINT_ARRAY)[:n],
-                            columns=layout.array(group, layout.SITE_DIM)[:],
-                            index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
+        return pd.DataFrame(layout.read(layout.array(group, layout.FINGERPRINT_ARRAY), slice(0, n)),
+                            columns=self._site_names(group), index=self._recorded_steps(group, n))
 
     def stat(self, name: str) -> pd.DataFrame:
         """One statistic (e.g. ``"l2"``), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed
-        names = [str(n) for n in np.asarray(layout.array(group, layout.STAT_DIM)[:])]
+        names = self._stat_names(group)
         if name not in names:
             raise ArgumentError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
-        return pd.DataFrame(layout.array(group, layout.STATS_ARRAY)[:n, :, names.index(name)],
-                            columns=layout.array(group, layout.SITE_DIM)[:],
-                            index=pd.Index(layout.array(group, layout.STEP_DIM)[:n], name=layout.STEP_DIM))
+        return pd.DataFrame(layout.read(layout.array(group, layout.STATS_ARRAY), (slice(0, n), slice(None),
+                                                                                  names.index(name))),
+                            columns=self._site_names(group), index=self._recorded_steps(group, n))
+
+    @staticmethod
+    def _site_names(group: zarr.Group) -> list[str]:
+        return [str(s) for s in layout.read(layout.array(group, layout.SITE_DIM))]
+
+    @staticmethod
+    def _stat_names(group: zarr.Group) -> list[str]:
+        return [str(s) for s in layout.read(layout.array(group, layout.STAT_DIM))]
+
+    @staticmethod
+    def _recorded_steps(group: zarr.Group, n: int) -> pd.Index:
+        return pd.Index(layout.read(layout.array(group, layout.STEP_DIM), slice(0, n)), name=layout.STEP_DIM)
 
     def op_trace_steps(self) -> list[int]:
         """Steps with an operation trace (``workbench replay --trace``, ``workbench bisect``)."""
@@ -185,9 +216,17 @@ class Run:
         """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read
         chunk by chunk when a result needs them, so stores larger than memory work) unless
         ``lazy=False`` loads them."""
-        stats = self.sites()["stats"].reset_coords(drop=True)  # site metadata would be compared at every operation
-        return RunRecords(name=self.name, fingerprints=self.fingerprints(), stats=stats if lazy else stats.load(),
-                          model=dict(self.manifest["config"]["model"]), status=self.status,
+        group, n = self._sites_group(), self.recorded_steps_completed
+        fingerprints = self.fingerprints()
+        source = layout.array(group, layout.STATS_ARRAY)
+        # Dask reads chunk by chunk through a guard that names this store when a chunk is damaged.
+        data = da.from_array(layout.GuardedArray(source), chunks=source.chunks)[:n]
+        stats = xr.DataArray(data, dims=(layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM),
+                             coords={layout.STEP_DIM: fingerprints.index.to_numpy(),
+                                     layout.SITE_DIM: fingerprints.columns.to_numpy(),
+                                     layout.STAT_DIM: self._stat_names(group)})
+        return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
+                          model=dict(self.config.to_dict()["model"]), status=self.status,
                           resumes=tuple(int(s) for s in self.manifest.get("resumes", [])), scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
@@ -223,7 +262,7 @@ class Run:
     @property
     def final_loss(self) -> float:
         n = self.steps_completed
-        return float(np.asarray(layout.array(self._scalars, "loss")[n - 1])) if n else float("nan")
+        return float(layout.read(layout.array(self._scalars, "loss"), n - 1)) if n else float("nan")
 
 
 def _launcher_alive(launcher: dict[str, Any]) -> bool:
@@ -261,6 +300,9 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     if not isinstance(version, int) or version > layout.SCHEMA_VERSION:
         raise SchemaVersionError(f"{path}: store schema version {version!r} is newer than this workbench "
                                  f"reads ({layout.SCHEMA_VERSION}); upgrade the workbench package")
+    if not (layout.RunPaths(run_dir).store / layout.SCALARS_GROUP / "zarr.json").is_file():
+        raise DamagedStoreError(f"{path}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
+                                "created by its producer (try again in a moment) or it is damaged")
     return Run(run_dir)
 
 
@@ -277,17 +319,24 @@ RUN_TABLE_COLUMNS = ["name", "run_id", "config", "steps", "status", "final_loss"
 
 def run_table(runs: list[Run]) -> pd.DataFrame:
     """One row per run: id, name, config summary, steps, status, final loss, path."""
-    rows = [[run.name, run.run_id, run.config.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
-             run.final_loss, str(run.path)] for run in runs]
+    rows = [_row(run) for run in runs]
     return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
 
 
-def list_runs(directory: str | os.PathLike[str]) -> pd.DataFrame:
-    """One row per run under ``directory`` (``run_table``); folders that are not readable runs are skipped."""
-    runs = []
+def _row(run: Run) -> list[Any]:
+    return [run.name, run.run_id, run.config.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
+            run.final_loss, str(run.path)]
+
+
+def list_runs(directory: str | os.PathLike[str],
+              on_skip: Callable[[Path, WorkbenchError], None] | None = None) -> pd.DataFrame:
+    """One row per run under ``directory`` (``run_table``). Folders that are not readable runs are
+    skipped, each handed to ``on_skip`` with the reason."""
+    rows = []
     for run_dir in find_runs(directory):
         try:
-            runs.append(open_run(run_dir))
-        except (NotARunError, SchemaVersionError):
-            continue
-    return run_table(runs)
+            rows.append(_row(open_run(run_dir)))
+        except WorkbenchError as err:
+            if on_skip is not None:
+                on_skip(run_dir, err)
+    return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)

@@ -43,17 +43,22 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr
     scalars = root.create_group(layout.SCALARS_GROUP)
     dims = [layout.STEP_DIM]
     chunks = (min(layout.STEP_CHUNK, steps),)
-    step = scalars.create_array(layout.STEP_DIM, shape=(steps,), chunks=chunks, dtype="int64",
+    step = _array(scalars, layout.STEP_DIM, shape=(steps,), chunks=chunks, dtype="int64",
                                 dimension_names=dims)
     step[:] = np.arange(steps, dtype=np.int64)
     for name, dtype in layout.SCALAR_FIELDS.items():
         fill = np.nan if dtype.startswith("float") else 0
-        scalars.create_array(name, shape=(steps,), chunks=chunks, dtype=dtype, fill_value=fill,
+        _array(scalars, name, shape=(steps,), chunks=chunks, dtype=dtype, fill_value=fill,
                              dimension_names=dims)
-    scalars.create_array(layout.DONE_FIELD, shape=(steps,), chunks=chunks, dtype="int8", fill_value=0,
+    _array(scalars, layout.DONE_FIELD, shape=(steps,), chunks=chunks, dtype="int8", fill_value=0,
                          dimension_names=dims)
     _move_into_place(staging, paths.store)
     return zarr.open_group(paths.store, mode="r+")
+
+
+def _array(group: zarr.Group, name: str, **spec: Any) -> zarr.Array:
+    """Create array ``name`` in ``group`` with the store's codecs (checksummed chunks)."""
+    return group.create_array(name, compressors=layout.COMPRESSORS, **spec)
 
 
 def _staging(run_dir: Path, final: Path) -> Path:
@@ -206,7 +211,7 @@ def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -
     step_chunk = max(1, min(layout.SITE_STEP_CHUNK, n_steps))
 
     def coordinate(name: str, values: np.ndarray, dtype: str, dim: str) -> None:
-        array = group.create_array(name, shape=values.shape, dtype=dtype, dimension_names=[dim],
+        array = _array(group, name, shape=values.shape, dtype=dtype, dimension_names=[dim],
                                    chunks=values.shape or (1,))
         array[:] = values
 
@@ -216,12 +221,12 @@ def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -
     for field, dtype in layout.SITE_META_FIELDS.items():
         values = np.array([getattr(s, field) for s in sites], dtype=object if dtype == "str" else dtype)
         coordinate(field, values, dtype, layout.SITE_DIM)
-    group.create_array(layout.STATS_ARRAY, shape=(n_steps, n_sites, n_stats), dtype="float64", fill_value=np.nan,
+    _array(group, layout.STATS_ARRAY, shape=(n_steps, n_sites, n_stats), dtype="float64", fill_value=np.nan,
                        chunks=(step_chunk, n_sites, n_stats),
                        dimension_names=[layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM])
-    group.create_array(layout.FINGERPRINT_ARRAY, shape=(n_steps, n_sites), dtype="uint64", fill_value=0,
+    _array(group, layout.FINGERPRINT_ARRAY, shape=(n_steps, n_sites), dtype="uint64", fill_value=0,
                        chunks=(step_chunk, n_sites), dimension_names=[layout.STEP_DIM, layout.SITE_DIM])
-    group.create_array(layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(step_chunk,),
+    _array(group, layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(step_chunk,),
                        dimension_names=[layout.STEP_DIM])
     _move_into_place(staging, final)
 
@@ -238,7 +243,7 @@ def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprin
 def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str,
                     source_dtype: str) -> None:
     root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
-    array = root.create_array(path, shape=shape, chunks=chunks, dtype=dtype, fill_value=np.nan, overwrite=True)
+    array = _array(root, path, shape=shape, chunks=chunks, dtype=dtype, fill_value=np.nan, overwrite=True)
     array.attrs["source_dtype"] = source_dtype
 
 
