@@ -1,63 +1,95 @@
-"""Recorder overhead, measured side by side in one run, and the store's size per site and step.
+"""Recorder overhead as a function of model size, measured side by side in one run per model.
 
-    python benchmarks/recorder_overhead.py [--steps 40] [--compile/--no-compile]
+    python benchmarks/recorder_overhead.py [--steps 30] [--models L4H128 L4H256 L4H512 L4H1024 L8H512]
+                                           [--compile/--no-compile]
 
-Trains a 4-layer, hidden-256 GPT (seq 128, global batch 16, micro-batch 4, TP=1) on the CPU
-runner with every kind of site recorded on every second step: recorded and unrecorded steps
-alternate within the same run, on the same machine state. Prints the median step time of
-each, their ratio (the overhead of recording every step), the overhead of recording every
-10th step implied by those medians, ((t_on + 9 t_off) / (10 t_off)), and the bytes the
-``sites`` group takes per site per recorded step (compressed, on disk).
+For each model (4 layers at hidden 128 / 256 / 512 / 1024 and 8 layers at hidden 512; seq
+128, global batch 16, micro-batch 4, TP=1 on the CPU runner) one run records every kind of
+site on every second step, so recorded and unrecorded steps alternate within the same run,
+on the same machine state. Prints per model: the median step time of each, their ratio (the
+overhead of recording every step), the overhead of recording every 10th step implied by
+those medians ((t_on + 9 t_off) / (10 t_off)), the recorder's own time, and beside it the
+bound set by the bytes the recorder reads per recorded step (every site's tensor once)
+divided by the statistics pass's read rate on a 16 M-element fp32 tensor measured in the
+same process. Also the bytes the ``sites`` group takes per site per recorded step.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from workbench.config import RunConfig
+from workbench.recorder import kernels
 from workbench.runner.launch import launch
 from workbench.store import layout
 from workbench.store.reader import open_run
 
-MODEL = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 256, "seq_length": 128}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def read_rate() -> float:
+    """Bytes per second of the native statistics pass over a 16 M-element fp32 tensor (median of 7)."""
+    x = torch.randn(16 * 2**20)
+    coords = kernels.identity_coords(x.shape)
+    times = []
+    for _ in range(8):
+        acc, lanes = kernels.new_accumulators(x.device)
+        start = time.perf_counter()
+        kernels.accumulate(x, coords, 1e-38, 1e38, acc, lanes)
+        times.append(time.perf_counter() - start)
+    return x.nbytes / statistics.median(times[1:])
+
+
+def measure(model: str, steps: int, compile_: bool, out: Path, rate: float) -> str:
+    layers, hidden = (int(v) for v in re.fullmatch(r"L(\d+)H(\d+)", model).groups())  # type: ignore[union-attr]
+    spec = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": 256,
+            "seq_length": 128}
+    cfg = RunConfig.from_dict({"name": f"overhead-{model}", "steps": steps, "global_batch_size": 16,
+                               "micro_batch_size": 4, "model": spec, "record": {"every": 2, "compile": compile_}})
+    run = open_run(launch(cfg, out / cfg.name, overwrite=True))
+    scalars = run.scalars.iloc[4:]  # skip warm-up (the first calls build the kernel)
+    recorded = scalars.index % 2 == 0
+    t_on = float(np.median(scalars.step_time[recorded]))
+    t_off = float(np.median(scalars.step_time[~recorded]))
+    own = float(np.median(scalars.recorder_time[recorded]))
+    sites = run.site_table()
+    read = float(sum(int(n) * _BYTES.get(str(d), 4) for n, d in zip(sites.numel, sites.dtype)))
+    bound = read / rate
+    group = run.paths.store / layout.SITES_GROUP
+    data_bytes = directory_bytes(group / layout.STATS_ARRAY) + directory_bytes(group / layout.FINGERPRINT_ARRAY)
+    per_site = data_bytes / (len(sites) * run.recorded_steps_completed)
+    return (f"{model:>8} {len(sites):>6} {t_off:9.4f} {t_on:9.4f} {t_on / t_off:8.3f}x "
+            f"{(t_on + 9 * t_off) / (10 * t_off):9.3f}x {own:9.4f} {read / 2**20:9.1f} {bound:9.4f} "
+            f"{(t_off + bound) / t_off:8.3f}x {per_site:7.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--models", nargs="+", default=["L4H128", "L4H256", "L4H512", "L4H1024", "L8H512"])
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="recorder-overhead-"))
-    cfg = RunConfig.from_dict({"name": "overhead", "steps": args.steps, "global_batch_size": 16,
-                               "micro_batch_size": 4, "model": MODEL,
-                               "record": {"every": 2, "compile": args.compile}})
-    run = open_run(launch(cfg, out / cfg.name, overwrite=True))
-    scalars = run.scalars.iloc[4:]  # skip warm-up (first calls compile the kernel)
-    recorded = scalars.index % 2 == 0
-    t_on = float(np.median(scalars.step_time[recorded]))
-    t_off = float(np.median(scalars.step_time[~recorded]))
-    share = float(np.median(scalars.recorder_time[recorded]))
-    sites = run.site_table()
-    group = run.paths.store / layout.SITES_GROUP
-    data_bytes = directory_bytes(group / layout.STATS_ARRAY) + directory_bytes(group / layout.FINGERPRINT_ARRAY)
-    n_recorded = run.recorded_steps_completed
-    print(f"model L4 H256 seq128 batch16 TP1, {len(sites)} sites, compile={args.compile}, "
-          f"{len(scalars)} steps measured")
-    print(f"median step time, recorded:   {t_on:.4f} s  (recorder's own time {share:.4f} s)")
-    print(f"median step time, unrecorded: {t_off:.4f} s")
-    print(f"overhead, every step:         {t_on / t_off:.3f}x")
-    print(f"overhead, every 10th step:    {(t_on + 9 * t_off) / (10 * t_off):.3f}x")
-    print(f"store: {data_bytes / (len(sites) * n_recorded):.1f} bytes per site per recorded step "
-          f"(stats + fingerprint, compressed)")
+    rate = read_rate()
+    print(f"seq 128, batch 16, TP1, compile={args.compile}, {args.steps} steps each (4 skipped); "
+          f"statistics pass reads {rate / 1e9:.2f} GB/s (fp32, 16 M elements, {torch.get_num_threads()} threads)")
+    print(f"{'model':>8} {'sites':>6} {'t_off s':>9} {'t_on s':>9} {'every':>9} {'every 10th':>10} "
+          f"{'own s':>9} {'read MiB':>9} {'bound s':>9} {'bound':>9} {'B/site':>7}")
+    for model in args.models:
+        print(measure(model, args.steps, args.compile, out, rate), flush=True)
 
 
 if __name__ == "__main__":

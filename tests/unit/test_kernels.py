@@ -81,3 +81,44 @@ def test_empty_tensor() -> None:
     sums, maxes, lanes = kernels.partial_stats(torch.zeros(0), kernels.identity_coords((0,)), 1e-38, 1e38)
     stats = assemble(sums.numpy(), maxes.numpy())
     assert stats[0] == 0 and np.isnan(stats[1:]).all() and lanes.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_native_statistics_do_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
+    x = (torch.randn(5, 100_003, generator=torch.Generator().manual_seed(3)) * 10).to(dtype)  # ~8 chunks
+    coords = kernels.identity_coords(x.shape)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            acc, lanes = kernels.new_accumulators(x.device)
+            kernels.accumulate(x, coords, 1e-3, 50.0, acc, lanes)
+            results.append((acc, lanes))
+    finally:
+        torch.set_num_threads(threads)
+    for acc, lanes in results[1:]:
+        assert torch.equal(acc, results[0][0]) and torch.equal(lanes, results[0][1])  # bitwise, sums included
+    lanes = results[0][1] & 0xFFFFFFFF
+    bits = x.view(torch.int16).numpy().view(np.uint16) if x.element_size() == 2 else x.numpy()  # what the lanes read
+    assert pack_fingerprint(*lanes.tolist()) == fingerprint_reference(bits)
+
+
+def test_one_call_over_many_tensors_equals_one_call_each() -> None:
+    generator = torch.Generator().manual_seed(5)
+    tensors = [(torch.randn(shape, generator=generator) * 3).to(dtype)
+               for shape, dtype in [((300, 700), torch.float32), ((7,), torch.bfloat16), ((0,), torch.float32),
+                                    ((64, 33), torch.float16), ((5, 3, 8), torch.float64), ((200_001,), torch.float32)]]
+    coords = [kernels.identity_coords(x.shape) for x in tensors]
+    coords[1] = kernels.coords_tensor([[11, 1]])  # a shard starting at element 11 of its full tensor
+    one_by_one = [kernels.new_accumulators(torch.device("cpu")) for _ in tensors]
+    for x, c, (acc, lanes) in zip(tensors, coords, one_by_one):
+        kernels.accumulate(x, c, 1e-3, 50.0, acc, lanes)
+    batched = [kernels.new_accumulators(torch.device("cpu")) for _ in tensors]
+    kernels.accumulate_many([(x, c, acc, lanes) for x, c, (acc, lanes) in zip(tensors, coords, batched)],
+                            1e-3, 50.0)
+    for (a, la), (b, lb) in zip(one_by_one, batched):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    shared = kernels.new_accumulators(torch.device("cpu"))  # two micro-batches into one site's accumulators
+    kernels.accumulate_many([(tensors[0], coords[0], *shared), (tensors[0], coords[0], *shared)], 1e-3, 50.0)
+    assert shared[0][0] == 2 * tensors[0].numel() and torch.equal(shared[1], 2 * one_by_one[0][1])

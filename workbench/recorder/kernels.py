@@ -156,6 +156,19 @@ def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: floa
     lanes += part
 
 
+def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], tiny: float,
+                    largest: float, *, fused: bool = True) -> None:
+    """``accumulate`` for each (x, coords, acc, lanes) of ``items``; CPU tensors in one native call
+    (one parallel pass over all their chunks), the others one by one."""
+    on_cpu = [(x.detach().contiguous(), c, a, lane) for x, c, a, lane in items if fused and x.device.type == "cpu"]
+    if on_cpu:
+        xs, coords, accs, lanes = (list(column) for column in zip(*on_cpu))
+        native().accumulate_many(xs, coords, tiny, largest, accs, lanes)
+    for x, c, a, lane in items:
+        if not (fused and x.device.type == "cpu"):
+            accumulate(x, c, tiny, largest, a, lane, fused=fused)
+
+
 def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:
     """coords of a whole, unsharded tensor of ``shape`` (offsets 0, row-major strides)."""
     strides = []

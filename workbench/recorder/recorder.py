@@ -240,11 +240,15 @@ class Recorder:
 
     def _record_gradients(self, kind: str) -> None:
         start = time.perf_counter()
+        entries = []
         for target in self._params:
+            # Megatron DDP's main_grad is a view into the contiguous grad buffer: the batch below
+            # reads the buffer's segments in one native call.
             grad = getattr(target.param, "main_grad", None)
             grad = target.param.grad if grad is None else grad
             if grad is not None:  # grad_local: each DP rank holds its own partial sum; DP rank 0's counts
-                self._record(kind, target.name, grad, target.placement)
+                entries.append((kind, target.name, grad, target.placement))
+        self._record_many(entries)
         self._seconds += time.perf_counter() - start
 
     # -- recording ----------------------------------------------------------------------
@@ -269,9 +273,20 @@ class Recorder:
         return site
 
     def _record(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
+        self._record_many([(kind, name, tensor, placement)])
+
+    def _record_many(self, entries: list[tuple[str, str, torch.Tensor, Placement]]) -> None:
+        """Record each (kind, name, tensor, placement): the statistics of all of them in one kernel call."""
+        items = [item for entry in entries if (item := self._prepare(*entry)) is not None]
+        if items:
+            kernels.accumulate_many(items, self._tiny, self._largest, fused=self._fused)
+
+    def _prepare(self, kind: str, name: str, tensor: torch.Tensor,
+                 placement: Placement) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(tensor, coords, acc, lanes) for the kernel if the site is recorded here; takes its snapshot."""
         site = self._register(kind, name, placement, tensor.dtype)
         if site is None or not placement.contributes:
-            return
+            return None
         assert self._state is not None
         key = (placement, tensor.device)
         coords = self._coords.get(key)
@@ -280,7 +295,6 @@ class Recorder:
         acc = self._state.acc.get(site)
         if acc is None:  # first micro-batch of this site in this step; later ones add in
             acc = self._state.acc[site] = _Accumulator(*kernels.new_accumulators(tensor.device))
-        kernels.accumulate(tensor, coords, self._tiny, self._largest, acc.acc, acc.lanes, fused=self._fused)
         if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
             # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
             # before the writer thread reads it.
@@ -291,6 +305,7 @@ class Recorder:
                 layout.snapshot_path(self._step, kind, name), placement.full_shape,
                 placement.chunk_shape(local_shape), placement.region(local_shape), values.numpy(),
                 str(tensor.dtype).removeprefix("torch.")))
+        return tensor, coords, acc.acc, acc.lanes
 
     @_timed
     def step_begin(self, step: int) -> None:
@@ -300,9 +315,9 @@ class Recorder:
         self._state = _StepState() if step in self._rows else None
         if self._state is None:
             return
+        if "param" in self._kinds:
+            self._record_many([("param", t.name, t.param, t.placement) for t in self._params])
         for target in self._params:
-            if "param" in self._kinds:
-                self._record("param", target.name, target.param, target.placement)
             if "update" in self._kinds and target.placement.contributes and self._wanted(site_id("update",
                                                                                                    target.name)):
                 self._state.before[target.name] = target.param.detach().clone()
@@ -321,19 +336,20 @@ class Recorder:
 
     def _record_optimizer(self, state: _StepState) -> None:
         if self._optimizer is not None and self._kinds & {"exp_avg", "exp_avg_sq"}:
-            for target, exp_avg, exp_avg_sq in adam_moments(self._optimizer, self._params):
-                if "exp_avg" in self._kinds:
-                    self._record("exp_avg", target.name, exp_avg, target.placement)
-                if "exp_avg_sq" in self._kinds:
-                    self._record("exp_avg_sq", target.name, exp_avg_sq, target.placement)
+            moments = list(adam_moments(self._optimizer, self._params))
+            if "exp_avg" in self._kinds:
+                self._record_many([("exp_avg", t.name, avg, t.placement) for t, avg, _ in moments])
+            if "exp_avg_sq" in self._kinds:
+                self._record_many([("exp_avg_sq", t.name, avg_sq, t.placement) for t, _, avg_sq in moments])
         if "update" in self._kinds:
+            updates = []
             for target in self._params:
                 before = state.before.get(target.name)
-                if before is None:
-                    self._register("update", target.name, target.placement, torch.float32)
-                else:
+                self._register("update", target.name, target.placement, torch.float32)  # in parameter order
+                if before is not None:
                     update = target.param.detach().float() - before.float()
-                    self._record("update", target.name, update, target.placement)
+                    updates.append(("update", target.name, update, target.placement))
+            self._record_many(updates)
 
     def _finish(self, step: int, state: _StepState) -> None:
         if self._registry is None:
