@@ -139,10 +139,69 @@ inline void load8(const T* data, int64_t j, __m256& values, __m256i& words) {
   }
 }
 
-// Elements [0, n) of a row segment whose first element has full index ``base`` and whose
-// elements are ``step`` apart in the full index; n is a multiple of 8.
+// The lane sums and finite statistics of elements [0, n) (n a multiple of 8) of a row segment
+// whose first element has full index ``base`` and whose elements are ``step`` apart in the full
+// index, assuming every element is finite; returns false (and leaves ``out`` as it was) when
+// one is not, for ``masked_block`` to redo the block. Underflows are counted as |x| < tiny
+// minus the zeros.
 template <typename T>
-void vector_block(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny, float largest, Block& out) {
+bool finite_block(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny, float largest, Block& out) {
+  const __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
+                                         _mm256_mullo_epi32(lane_offsets, _mm256_set1_epi32(static_cast<int>(step))));
+  __m256i ia = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexA)));
+  __m256i ib = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexB)));
+  const __m256i da = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexA));
+  const __m256i db = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexB));
+  const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 tiny8 = _mm256_set1_ps(tiny), largest8 = _mm256_set1_ps(largest);
+  __m256i la = _mm256_setzero_si256(), lb = la, c_zero = la, c_small = la, c_over = la, nonfinite = la;
+  __m256 sum = zero, sum_sq = zero, mx = _mm256_set1_ps(-INFINITY), mn = _mm256_set1_ps(INFINITY), amx = mx;
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 v;
+    __m256i w;
+    load8(data, j, v, w);
+    la = _mm256_add_epi32(la, mix_a8(_mm256_xor_si256(w, ia)));
+    lb = _mm256_add_epi32(lb, mix_b8(_mm256_xor_si256(w, ib)));
+    ia = _mm256_add_epi32(ia, da);
+    ib = _mm256_add_epi32(ib, db);
+    const __m256i bits = _mm256_castps_si256(v);
+    nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+    const __m256 mag = _mm256_and_ps(v, abs_mask);
+    sum = _mm256_add_ps(sum, v);
+    sum_sq = _mm256_fmadd_ps(v, v, sum_sq);
+    c_zero = _mm256_sub_epi32(c_zero, _mm256_castps_si256(_mm256_cmp_ps(v, zero, _CMP_EQ_OQ)));  // -1 where true
+    c_small = _mm256_sub_epi32(c_small, _mm256_castps_si256(_mm256_cmp_ps(mag, tiny8, _CMP_LT_OQ)));
+    c_over = _mm256_sub_epi32(c_over, _mm256_castps_si256(_mm256_cmp_ps(mag, largest8, _CMP_GT_OQ)));
+    mx = _mm256_max_ps(mx, v);
+    mn = _mm256_min_ps(mn, v);
+    amx = _mm256_max_ps(amx, mag);
+  }
+  if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
+  alignas(32) float fs[5][8];
+  alignas(32) int32_t is[3][8];
+  alignas(32) uint32_t ls[2][8];
+  _mm256_store_ps(fs[0], sum); _mm256_store_ps(fs[1], sum_sq);
+  _mm256_store_ps(fs[2], mx); _mm256_store_ps(fs[3], mn); _mm256_store_ps(fs[4], amx);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(is[0]), c_zero);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(is[1]), c_small);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(is[2]), c_over);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[0]), la);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[1]), lb);
+  for (int k = 0; k < 8; ++k) {
+    out.sum += fs[0][k]; out.sum_sq += fs[1][k];
+    out.mx = std::max(out.mx, fs[2][k]); out.nmn = std::max(out.nmn, -fs[3][k]); out.amx = std::max(out.amx, fs[4][k]);
+    out.zero += is[0][k]; out.under += is[1][k] - is[0][k]; out.over += is[2][k];
+    out.la += ls[0][k]; out.lb += ls[1][k];
+  }
+  return true;
+}
+
+// The same for a block that holds NaN or Inf: every element masked by its finiteness.
+template <typename T>
+void masked_block(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny, float largest, Block& out) {
   const __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
                                          _mm256_mullo_epi32(lane_offsets, _mm256_set1_epi32(static_cast<int>(step))));
@@ -218,7 +277,9 @@ void segment(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny,
     int64_t j = 0;
 #ifdef WORKBENCH_AVX2
     const int64_t vectorised = m & ~int64_t{7};
-    if (vectorised) vector_block(data + b0, vectorised, b, step, tiny, largest, block);
+    if (vectorised && !finite_block(data + b0, vectorised, b, step, tiny, largest, block)) {
+      masked_block(data + b0, vectorised, b, step, tiny, largest, block);
+    }
     j = vectorised;
 #endif
     for (; j < m; ++j) {
