@@ -68,7 +68,8 @@ def site_matcher(sites: SiteFilter) -> Callable[[str], bool]:
     if callable(sites):
         return sites
     patterns = [sites] if isinstance(sites, str) else list(sites)
-    return lambda site: any(fnmatch.fnmatchcase(site, p) for p in patterns)
+    # cached: the recorder asks about the same few hundred sites at every micro-batch
+    return functools.cache(lambda site: any(fnmatch.fnmatchcase(site, p) for p in patterns))
 
 
 def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,6 +122,22 @@ class _StepState:
     acc: dict[str, _Accumulator] = field(default_factory=dict)
     before: dict[str, torch.Tensor] = field(default_factory=dict)
     snapshots: list[_Snapshot] = field(default_factory=list)
+    _blocks: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    _used: int = 0
+
+    def new_accumulator(self, device: torch.device) -> _Accumulator:
+        """Empty accumulators, handed out as rows of blocks (one allocation per 64 sites, not two per site)."""
+        rows = _ACCUMULATOR_BLOCK
+        if not self._blocks or self._used == rows or self._blocks[-1][0].device != device:
+            acc, lanes = kernels.new_accumulators(device)
+            self._blocks.append((acc.repeat(rows, 1), lanes.repeat(rows, 1)))
+            self._used = 0
+        acc_block, lane_block = self._blocks[-1]
+        self._used += 1
+        return _Accumulator(acc_block[self._used - 1], lane_block[self._used - 1])
+
+
+_ACCUMULATOR_BLOCK = 64
 
 
 class Recorder:
@@ -294,7 +311,7 @@ class Recorder:
             coords = self._coords[key] = placement.coords(tensor.device)
         acc = self._state.acc.get(site)
         if acc is None:  # first micro-batch of this site in this step; later ones add in
-            acc = self._state.acc[site] = _Accumulator(*kernels.new_accumulators(tensor.device))
+            acc = self._state.acc[site] = self._state.new_accumulator(tensor.device)
         if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
             # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
             # before the writer thread reads it.
