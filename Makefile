@@ -21,7 +21,7 @@ demo: $(STAMP) chromium
 	$(BIN)/workbench demo --out data/runs/demo
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check workbench tests benchmarks
