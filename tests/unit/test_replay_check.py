@@ -47,3 +47,18 @@ def test_scalars_alone_and_a_nondeterministic_run(tmp_path: Path) -> None:
     assert 0 < check.closeness.loc[5, "loss_rel"] < 1e-15
     assert "nondeterministic" in check.summary() and "cannot be expected" in check.summary()
     assert check.to_dict()["closeness"][5]["loss_rel"] > 0
+
+
+def test_a_replay_compared_on_scalars_alone_says_so(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path, None)
+    alone = replay_check(None, None, a.scalars, b.scalars, from_step=4, to_step=7, deterministic=True)
+    assert alone.sites == 0 and alone.sites_not_compared == "a run has no per-site records"
+    assert "no site was compared" in alone.summary() and "bitwise identical:" not in alone.summary()
+    other = open_run(write_synthetic_run(tmp_path / "c", steps=10, sites=8, name="other"))
+    shape = other.records()
+    renamed = type(shape)(shape.name, shape.fingerprints.set_axis([f"act:x{i}" for i in range(8)], axis=1),
+                          shape.stats.assign_coords(site=[f"act:x{i}" for i in range(8)]), shape.model)
+    disjoint = replay_check(a.records(), renamed, a.scalars, other.scalars, from_step=4, to_step=7,
+                            deterministic=True)
+    assert disjoint.sites == 0 and "no site in common" in (disjoint.sites_not_compared or "")
+    assert disjoint.to_dict()["sites_not_compared"] == disjoint.sites_not_compared
