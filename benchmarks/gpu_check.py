@@ -11,7 +11,10 @@ sites recorded on every second step, and prints:
   and where the nondeterministic pair first differs (step, then site in execution order);
 * the recorder overhead: median step time of recorded over unrecorded steps;
 * the cost of deterministic mode: median step time, deterministic over default (unrecorded
-  steps only, so the recorder is excluded).
+  steps only, so the recorder is excluded);
+* the statistics + fingerprint pass on the device (``torch.compile``, Triton) over 64 M-element
+  fp32 and bf16 tensors: its read rate as a fraction of the device's read bandwidth, taken as
+  that of a plain ``torch.sum`` of the same tensor in the same loop.
 """
 
 from __future__ import annotations
@@ -37,6 +40,37 @@ def first_difference(a, b) -> str:  # type: ignore[no-untyped-def]
         if differing:
             return f"step {step}, site {differing[0]} ({len(differing)} of {len(fa.columns)} sites differ)"
     return "none: bitwise identical at every recorded step"
+
+
+def pass_bandwidth() -> None:
+    """The recorder's statistics pass on the GPU against a plain reduction of the same tensor."""
+    import time
+
+    import torch
+
+    from workbench.recorder import kernels
+
+    compiled = kernels.compiled()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(64 * 2**20, device="cuda").to(dtype)
+        coords = kernels.identity_coords(x.shape, x.device)
+
+        def timed(fn) -> float:  # type: ignore[no-untyped-def]
+            fn()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(7):
+                start = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            return float(np.median(times))
+
+        pass_s = timed(lambda x=x, c=coords: kernels.partial_stats(x, c, 1e-38, 1e38, fn=compiled))
+        sum_s = timed(lambda x=x: x.sum())
+        name = str(dtype).removeprefix("torch.")
+        print(f"statistics pass, {name} 64 M elements: {x.nbytes / pass_s / 1e9:.0f} GB/s, "
+              f"{sum_s / pass_s:.2f} of the read bandwidth of torch.sum ({x.nbytes / sum_s / 1e9:.0f} GB/s)")
 
 
 def main() -> None:
@@ -75,6 +109,7 @@ def main() -> None:
     det = np.median([medians(runs[n])[1] for n in ("det-a", "det-b")])
     default = np.median([medians(runs[n])[1] for n in ("nondet-a", "nondet-b")])
     print(f"deterministic / default step time: {det / default:.3f} (recorder excluded)")
+    pass_bandwidth()
 
 
 if __name__ == "__main__":
