@@ -32,6 +32,11 @@ class DamagedStoreError(NotARunError):
     """A run store is still being created, or part of it is missing or unreadable."""
 
 
+class ForeignRunError(WorkbenchError, LookupError):
+    """A run made by another producer (a user's loop, an importer) lacks what was asked of it:
+    a workbench run config, checkpoints to replay from."""
+
+
 class SchemaVersionError(WorkbenchError, ValueError):
     """A run store was written by a newer workbench than this one."""
 

@@ -20,6 +20,7 @@ from typing import Any
 from workbench import determinism
 from workbench.config import RunConfig
 from workbench.store.layout import Status
+from workbench.store.manifest import RUNNER, ModelSignature, ParallelLayout, RunManifest, manifest_fields
 from workbench.store.writer import now
 
 _PACKAGES = ("workbench", "torch", "megatron-core", "transformer-engine", "zarr", "numpy", "xarray", "pandas")
@@ -49,15 +50,19 @@ def git_revision(directory: Path | None = None) -> str | None:
 
 
 def new_manifest(cfg: RunConfig, *, resumed: bool = False) -> dict[str, Any]:
+    """The runner's manifest of ``cfg``: the typed fields every reader reads, and the config itself."""
+    m = cfg.model
+    info = RunManifest(
+        run_id=f"{cfg.name}-{uuid.uuid4().hex[:8]}", name=cfg.name, producer=RUNNER,
+        model=ModelSignature(num_layers=m.num_layers, hidden_size=m.hidden_size,
+                             num_attention_heads=m.num_attention_heads, vocab_size=m.vocab_size,
+                             seq_length=m.seq_length),
+        layout=ParallelLayout(tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp), precision=cfg.precision.value,
+        deterministic=cfg.deterministic, seed=cfg.seed, determinism=determinism.describe(cfg.deterministic),
+        config=cfg.to_dict())
     return {
-        "run_id": f"{cfg.name}-{uuid.uuid4().hex[:8]}",
-        "name": cfg.name,
-        "config": cfg.to_dict(),
+        **manifest_fields(info),
         "config_hash": cfg.numerics_hash(),
-        "layout": {"tp": cfg.layout.tp, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
-                   "world_size": cfg.layout.world_size},
-        "precision": cfg.precision.value,
-        "determinism": determinism.describe(cfg.deterministic),
         "fault": cfg.fault.describe(),
         "versions": library_versions(),
         "host": socket.gethostname(),

@@ -101,11 +101,11 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
            overwrite: bool = False, progress: ProgressFn | None = None) -> Replay:
     """Replay the run at ``run_path`` through ``step`` and check it against the original."""
     original = open_run(run_path)
-    cfg = original.config
     for key, what in (("replay", "itself a replay"), ("imported", "an imported run"),
                       ("synthetic", "a synthetic run")):
         if original.manifest.get(key):
             raise ArgumentError(f"{original.path} is {what}; only a run trained by the workbench can be replayed")
+    cfg = original.config  # ForeignRunError for a run another producer made
     if not isinstance(step, int) or not 0 <= step < cfg.steps:
         raise ArgumentError(f"--step {step!r} is not a step of {original.name}: it trains steps 0..{cfg.steps - 1}")
     if step >= original.steps_completed:

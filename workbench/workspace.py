@@ -32,7 +32,6 @@ from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
-from workbench.config import RunConfig
 from workbench.errors import RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
@@ -50,12 +49,6 @@ def runs_dir() -> Path:
         if (folder / "pyproject.toml").is_file():
             return folder / DEMO_RUNS
     return DEMO_RUNS
-
-
-def configuration(cfg: RunConfig) -> str:
-    """A configuration apart from its determinism switch and name."""
-    m = cfg.model
-    return f"L{m.num_layers} H{m.hidden_size} {cfg.layout.summary()} {cfg.precision.value}"
 
 
 class Workspace:
@@ -128,16 +121,16 @@ class Workspace:
         candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes") and n not in self.faulted]
         if "det-r0" in candidates:
             return "det-r0"
-        plain = [n for n in candidates if self.runs[n].config.deterministic
-                 and self.runs[n].config.layout.world_size == 1 and self.runs[n].config.precision.value == "fp32"]
+        plain = [n for n in candidates if self.runs[n].info.deterministic
+                 and self.runs[n].info.layout.world_size == 1 and self.runs[n].info.precision == "fp32"]
         return (plain or candidates or self.names)[0]
 
     @cached_property
     def floor_runs(self) -> list[str]:
-        nondeterministic = [n for n in self.recorded if not self.runs[n].config.deterministic]
+        nondeterministic = [n for n in self.recorded if self.runs[n].info.deterministic is False]
         runs = max(repeat_groups(nondeterministic).values(), key=len, default=[])
         if runs and self.reference in self.recorded and \
-                configuration(self.runs[self.reference].config) == configuration(self.runs[runs[0]].config):
+                self.runs[self.reference].info.configuration() == self.runs[runs[0]].info.configuration():
             runs = [self.reference, *runs]
         return runs if len(runs) >= 2 else []
 
@@ -148,7 +141,7 @@ class Workspace:
     @property
     def faulted(self) -> list[str]:
         """Runs with an injected fault (config ``fault``): anomaly, replay and bisect material."""
-        return [n for n, r in self.runs.items() if r.config.fault.kind.value != "none"]
+        return [n for n, r in self.runs.items() if r.manifest.get("fault", "none") != "none"]
 
     def faulted_run(self) -> str:
         """The first run with an injected fault; ``RunNotFoundError`` if there is none."""
@@ -171,14 +164,14 @@ class Workspace:
     @property
     def precision_runs(self) -> list[str]:
         """Other runs computing in another precision than the reference."""
-        ref = self.runs[self.reference].config.precision
-        return [n for n in self.others if self.runs[n].config.precision != ref]
+        ref = self.runs[self.reference].info.precision
+        return [n for n in self.others if self.runs[n].info.precision != ref]
 
     @property
     def layout_runs(self) -> list[str]:
         """Other runs with another TP / PP / DP layout than the reference."""
-        ref = self.runs[self.reference].config.layout
-        return [n for n in self.others if self.runs[n].config.layout != ref]
+        ref = self.runs[self.reference].info.layout
+        return [n for n in self.others if self.runs[n].info.layout != ref]
 
     # -- analysis over several runs ----------------------------------------------------
 
@@ -193,9 +186,10 @@ class Workspace:
 
     def cost(self) -> pd.DataFrame:
         """Determinism tax per configuration (``analysis.cost.determinism_cost``)."""
-        return determinism_cost([ThroughputSample(configuration(run.config), run.config.deterministic,
+        return determinism_cost([ThroughputSample(run.info.configuration(), bool(run.info.deterministic),
                                                   run.scalars.tokens_per_s.to_numpy())
-                                 for name, run in self.runs.items() if name not in self.faulted])
+                                 for name, run in self.runs.items()
+                                 if name not in self.faulted and run.info.deterministic is not None])
 
     # -- views -----------------------------------------------------------------------
 
@@ -245,6 +239,6 @@ class Workspace:
         runs = [self.runs[n] for n in chosen]
         revisions = sorted({str(r.manifest.get("git_revision")) for r in runs if r.manifest.get("git_revision")})
         return Provenance(runs=tuple(r.run_id for r in runs),
-                          configs=tuple(dict.fromkeys(r.config.summary() for r in runs)),
+                          configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
                           schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
                           revision=", ".join(r[:12] for r in revisions) or None)

@@ -47,8 +47,11 @@ BREAKS: dict[str, Callable[[Path], None]] = {
     "corrupt loss chunk": lambda s: _scramble(_chunk(s, "scalars/loss")),
     "manifest without a name": lambda s: _edit_manifest(s, lambda m: m.pop("name")),
     "manifest config of the wrong type": lambda s: _edit_manifest(s, lambda m: m.update(config="fp32")),
+    "manifest layout of the wrong type": lambda s: _edit_manifest(s, lambda m: m.update(layout=[1, 2])),
     "manifest model field of the wrong type": lambda s: _edit_manifest(
-        s, lambda m: m["config"]["model"].update(num_layers="two")),
+        s, lambda m: m["model"].update(num_layers="two")),
+    "manifest of schema v1 without its config": lambda s: _edit_manifest(
+        s, lambda m: [m.pop(k) for k in ("config", "producer")]),
     "newer schema": lambda s: _edit_manifest(s, lambda m: m.update(schema_version=99)),
     "unreadable zarr.json": lambda s: (s / "zarr.json").write_text("{not json"),
     "store still being created": lambda s: shutil.rmtree(s / "scalars"),

@@ -67,9 +67,9 @@ def test_bad_inputs_give_one_line(pair, tmp_path: Path, capsys: pytest.CaptureFi
 def test_runs_of_different_models_cannot_be_compared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = write_synthetic_run(tmp_path / "a", steps=5, sites=10)
     b = write_synthetic_run(tmp_path / "b", steps=5, sites=10)
-    config = json.loads((b / "run.zarr" / "zarr.json").read_text())["attributes"]["config"]
-    config["model"]["num_layers"] = 7
-    update_manifest(b, config=config)
+    model = json.loads((b / "run.zarr" / "zarr.json").read_text())["attributes"]["model"]
+    model["num_layers"] = 7  # the signature every reader compares, whoever produced the run
+    update_manifest(b, model=model)
     assert main(["compare", str(a), str(b)]) == 2
     assert "model.num_layers" in capsys.readouterr().err
 

@@ -25,6 +25,7 @@ to the log's rounding, is not seen. Imports no torch.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,20 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.records import RunRecords
-from workbench.config import RecordConfig, RunConfig
 from workbench.errors import ArgumentError, WorkbenchError
-from workbench.manifest import new_manifest
 from workbench.sites import layer_of, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
-from workbench.store.writer import ScalarWriter, SiteInfo, create_sites_group, create_store, set_status, write_site_rows
+from workbench.store.manifest import RunManifest, manifest_fields
+from workbench.store.writer import (
+    ScalarWriter,
+    SiteInfo,
+    create_sites_group,
+    create_store,
+    now,
+    set_status,
+    write_site_rows,
+)
 
 LONG_COLUMNS: tuple[str, ...] = ("step", "site", "stat", "value")
 FINGERPRINT_NOTE = "hash of the logged statistics, not of the tensor"
@@ -190,18 +198,21 @@ def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str 
                          imported: Mapping[str, Any]) -> Path:
     """Write a run store from a long table; returns its folder.
 
-    The config is a default ``RunConfig`` with ``steps`` = last logged step + 1 (its model
-    section does not describe the logged model). The per-step scalars (loss, ...) are NaN
-    and every step is marked written, so the run reads as complete. ``imported`` goes into
-    the manifest under ``"imported"``, with what the fingerprints are and what was dropped.
+    The manifest's producer is ``import: <format>``; what a log does not say (the model, the
+    layout, the precision, determinism) is absent from it. The store has last logged step + 1
+    steps; the per-step scalars (loss, ...) are NaN and every step is marked written, so the run
+    reads as complete. ``imported`` goes into the manifest under ``"imported"``, with what the
+    fingerprints are and what was dropped.
     """
     run_dir = Path(run_dir)
     arrays = table_arrays(table)
     if arrays.steps[0] < 0:
         raise ImportFormatError(f"logged steps must be >= 0; the first one is {int(arrays.steps[0])}")
     steps = int(arrays.steps[-1]) + 1
-    cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
-    manifest = new_manifest(cfg)
+    run_name = name or run_dir.name
+    info = RunManifest(run_id=f"{run_name}-{uuid.uuid4().hex[:8]}", name=run_name,
+                       producer=f"import: {imported.get('format', 'table')}")
+    manifest = {**manifest_fields(info), "status": layout.Status.CREATED, "started_at": now(), "resumes": []}
     manifest["imported"] = {**imported, "fingerprint": FINGERPRINT_NOTE,
                             "statistics_not_stored": [s for s in arrays.stats if s not in STAT_NAMES],
                             "conflicting_duplicates": arrays.conflicting_duplicates}

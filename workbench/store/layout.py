@@ -42,7 +42,10 @@ from zarr.codecs import ZstdCodec
 
 from workbench.errors import DamagedStoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the manifest stands on its own (``workbench.store.manifest``: producer, model signature,
+layout, precision, determinism) and chunks carry checksums; version 1 stores (the runner's
+config holds the facts) are read the same way."""
 STORE_KIND = "workbench.run"
 
 STORE_DIR = "run.zarr"

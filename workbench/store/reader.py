@@ -28,6 +28,7 @@ from workbench.config import RunConfig
 from workbench.errors import (
     ArgumentError,
     DamagedStoreError,
+    ForeignRunError,
     NoSitesError,
     NotARunError,
     RunNotFoundError,
@@ -35,6 +36,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.store import layout
+from workbench.store.manifest import RunManifest, parse_manifest
 
 
 class Run:
@@ -56,26 +58,26 @@ class Run:
     def manifest(self) -> dict[str, Any]:
         return dict(self._root.attrs)
 
-    def _field(self, name: str, kind: type) -> Any:
-        """The manifest's field ``name``, checked to be a ``kind``; one clear error if not."""
-        value = self.manifest.get(name)
-        if not isinstance(value, kind):
-            what = "lacks the field" if name not in self.manifest else f"has {type(value).__name__} in the field"
-            raise DamagedStoreError(f"{self.paths.store}: the manifest (zarr.json attributes) {what} {name!r}, "
-                                    f"where a {kind.__name__} belongs; rewrite the run or restore the field")
-        return value
+    @cached_property
+    def info(self) -> RunManifest:
+        """The typed manifest: model signature, layout, precision, determinism, producer."""
+        return parse_manifest(self.manifest, source=str(self.paths.store))
 
     @property
     def name(self) -> str:
-        return str(self._field("name", str))
+        return self.info.name
 
     @property
     def run_id(self) -> str:
-        return str(self._field("run_id", str))
+        return self.info.run_id
 
     @cached_property
     def config(self) -> RunConfig:
-        return RunConfig.from_dict(self._field("config", dict), source=f"{self.paths.store} (manifest)")
+        """The workbench runner's config of this run; ``ForeignRunError`` for any other producer's run."""
+        if self.info.config is None:
+            raise ForeignRunError(f"{self.path}: made by {self.info.producer!r}, not by the workbench runner: it "
+                                  "has no workbench run config")
+        return RunConfig.from_dict(self.info.config, source=f"{self.paths.store} (manifest)")
 
     @property
     def steps_planned(self) -> int:
@@ -226,7 +228,7 @@ class Run:
                                      layout.SITE_DIM: fingerprints.columns.to_numpy(),
                                      layout.STAT_DIM: self._stat_names(group)})
         return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
-                          model=dict(self.config.to_dict()["model"]), status=self.status,
+                          model=self.info.model.shape() if self.info.model else {}, status=self.status,
                           resumes=tuple(int(s) for s in self.manifest.get("resumes", [])), scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
@@ -297,7 +299,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         raise NotARunError(f"{path}: a Zarr group, but not a workbench run (attribute kind = "
                            f"{attrs.get('kind')!r}, expected {layout.STORE_KIND!r})")
     version = attrs.get("schema_version")
-    if not isinstance(version, int) or version > layout.SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version > layout.SCHEMA_VERSION:
         raise SchemaVersionError(f"{path}: store schema version {version!r} is newer than this workbench "
                                  f"reads ({layout.SCHEMA_VERSION}); upgrade the workbench package")
     if not (layout.RunPaths(run_dir).store / layout.SCALARS_GROUP / "zarr.json").is_file():
@@ -324,7 +326,7 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
 
 
 def _row(run: Run) -> list[Any]:
-    return [run.name, run.run_id, run.config.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
+    return [run.name, run.run_id, run.info.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
             run.final_loss, str(run.path)]
 
 

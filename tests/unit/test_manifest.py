@@ -1,0 +1,88 @@
+"""The typed run manifest: round trip, schema v1, stores of other producers, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+from workbench.config import RunConfig
+from workbench.errors import DamagedStoreError, ForeignRunError
+from workbench.manifest import new_manifest
+from workbench.store.manifest import RUNNER, ModelSignature, ParallelLayout, RunManifest, manifest_fields, parse_manifest
+from workbench.store.reader import list_runs, open_run
+from workbench.store.synthetic import write_synthetic_run
+from workbench.workspace import Workspace
+
+MODEL = ModelSignature(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=32,
+                       parameters=123_456)
+
+
+def test_a_manifest_reads_back_as_written() -> None:
+    info = RunManifest(run_id="x-1", name="x", producer="user loop", model=MODEL,
+                       layout=ParallelLayout(tp=2, dp=2, sp=True, ep=2), precision="bf16", deterministic=True,
+                       seed=7, determinism={"NCCL_ALGO": "Ring"}, user_config={"lr": 1e-3, "tags": ["a"]})
+    assert parse_manifest(json.loads(json.dumps(manifest_fields(info))), source="s") == info
+    assert info.summary() == "L2 H64 TP2-PP1-DP2-SP-EP2 bf16 det seed7"
+    assert info.layout.world_size == 4
+
+
+def test_the_runners_manifest_and_a_schema_v1_one_say_the_same() -> None:
+    cfg = RunConfig.from_dict({"name": "r", "layout": {"tp": 2}, "precision": "bf16", "deterministic": False})
+    v2 = parse_manifest(new_manifest(cfg), source="s")
+    assert v2.producer == RUNNER and v2.summary() == cfg.summary() and v2.config == cfg.to_dict()
+    v1 = {k: v for k, v in new_manifest(cfg).items() if k not in ("producer", "model", "deterministic", "seed")}
+    v1["layout"] = {"tp": 2, "pp": 1, "dp": 1, "world_size": 2}  # as schema v1 wrote it
+    old = parse_manifest(v1, source="s")
+    assert (old.producer, old.model, old.layout, old.precision, old.deterministic, old.seed) == \
+        (RUNNER, v2.model, v2.layout, "bf16", False, cfg.seed)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m.pop("run_id"), "'run_id'"),
+    (lambda m: m["model"].pop("hidden_size"), "'hidden_size'"),
+    (lambda m: m["model"].update(num_layers=True), "'num_layers' is bool"),
+    (lambda m: m.update(deterministic="yes"), "'deterministic' is str"),
+    (lambda m: m["layout"].update(tp="2"), "'tp' is str"),
+])
+def test_a_missing_or_mistyped_field_is_named(edit, field: str) -> None:  # type: ignore[no-untyped-def]
+    attrs = manifest_fields(RunManifest(run_id="x-1", name="x", producer="user loop", model=MODEL))
+    edit(attrs)
+    with pytest.raises(DamagedStoreError, match=field):
+        parse_manifest(attrs, source="RUN/run.zarr")
+
+
+def _user_loop_store(run_dir: Path, seed: int, diverge_at: tuple[int, int] | None = None) -> Path:
+    """A store whose manifest is what a user's own loop writes: no workbench config at all."""
+    write_synthetic_run(run_dir, steps=6, sites=10, seed=seed, diverge_at=diverge_at)
+    meta_path = run_dir / "run.zarr" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    attrs = meta["attributes"]
+    for key in ("config", "config_hash", "synthetic", "fault"):
+        attrs.pop(key, None)
+    attrs.update(manifest_fields(RunManifest(run_id=f"{run_dir.name}-1", name=run_dir.name, producer="user loop",
+                                             model=MODEL, precision="fp32", deterministic=True,
+                                             user_config={"megatron_args": {"lr": 3e-4}})))
+    meta_path.write_text(json.dumps(meta))
+    return run_dir
+
+
+def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _user_loop_store(tmp_path / "mine-a", seed=1)
+    b = _user_loop_store(tmp_path / "mine-b", seed=1, diverge_at=(3, 4))
+    run = open_run(a)
+    assert run.info.producer == "user loop" and run.info.user_config == {"megatron_args": {"lr": 3e-4}}
+    with pytest.raises(ForeignRunError, match="not by the workbench runner"):
+        run.config  # noqa: B018
+    assert list(list_runs(tmp_path).config) == ["L2 H64 TP1-PP1-DP1 fp32 det", "L2 H64 TP1-PP1-DP1 fp32 det"]
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["first_step"] == 3
+    assert main(["check", str(b), "--golden", str(a)]) == 1
+    assert main(["study", str(tmp_path)]) == 0
+    assert "mine-b vs mine-a: first differ at step 3" in capsys.readouterr().out
+    ws = Workspace.open(tmp_path)
+    assert ws.reference == "mine-a" and ws.runs["mine-a"].info.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
+    assert main(["replay", str(a), "--step", "1"]) == 2
+    assert "not by the workbench runner" in capsys.readouterr().err

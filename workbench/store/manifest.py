@@ -1,0 +1,181 @@
+"""The run manifest as one typed record: what every reader reads, whoever produced the store.
+
+A store's manifest is its Zarr group's attributes. Producers differ (the workbench's runner,
+a researcher's own Megatron Core loop, importers of other tools' logs), so readers never read
+a producer's configuration class: they read ``RunManifest``, parsed here from the attributes
+with a clear error naming any field that is missing or of the wrong type.
+
+    info = parse_manifest(attrs, source="RUN/run.zarr")
+    info.model.summary(), info.layout.summary(), info.precision, info.deterministic
+
+A field a producer could not know is absent (None), never faked. Schema v1 stores (the
+runner's only) carry their facts in ``config`` and are read the same way. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import DamagedStoreError
+
+RUNNER = "workbench runner"
+"""``producer`` of stores the workbench's own runner trains."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSignature:
+    """The shape of the model a run trained: runs of different signatures cannot be compared."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_length: int
+    parameters: int | None = None
+    """Parameter count of the full model, where the producer knew it."""
+
+    def summary(self) -> str:
+        return f"L{self.num_layers} H{self.hidden_size}"
+
+    def shape(self) -> dict[str, int]:
+        """The fields two comparable runs share (the parameter count follows from them)."""
+        return {"num_layers": self.num_layers, "hidden_size": self.hidden_size,
+                "num_attention_heads": self.num_attention_heads, "vocab_size": self.vocab_size,
+                "seq_length": self.seq_length}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelLayout:
+    """How the work was split: tensor, pipeline, data parallel; virtual pipeline, sequence,
+    context and expert parallelism where present."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vp: int | None = None
+    sp: bool = False
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def summary(self) -> str:
+        text = f"TP{self.tp}-PP{self.pp}-DP{self.dp}"
+        extras = [f"VP{self.vp}" if self.vp else "", "SP" if self.sp else "", f"CP{self.cp}" if self.cp > 1 else "",
+                  f"EP{self.ep}" if self.ep > 1 else ""]
+        return "-".join([text, *[e for e in extras if e]])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunManifest:
+    """What a run was; every field but the first three may be unknown (None)."""
+
+    run_id: str
+    name: str
+    producer: str
+    model: ModelSignature | None = None
+    layout: ParallelLayout = field(default_factory=ParallelLayout)
+    precision: str | None = None
+    deterministic: bool | None = None
+    """Whether the process ran in deterministic mode; the switches one by one are in ``determinism``."""
+    seed: int | None = None
+    determinism: Mapping[str, Any] = field(default_factory=dict)
+    user_config: Mapping[str, Any] | None = None
+    """The producer's own configuration, opaque (Megatron-LM's args, a user's dict)."""
+    config: Mapping[str, Any] | None = None
+    """The workbench runner's ``RunConfig`` as a mapping; None for any other producer."""
+
+    def configuration(self) -> str:
+        """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
+        parts = [self.model.summary() if self.model else "model ?", self.layout.summary(), self.precision or "?"]
+        return " ".join(parts)
+
+    def summary(self) -> str:
+        mode = {True: "det", False: "nondet", None: "det?"}[self.deterministic]
+        seed = f" seed{self.seed}" if self.seed is not None else ""
+        return f"{self.configuration()} {mode}{seed}"
+
+
+def _require(attrs: Mapping[str, Any], name: str, kind: type | tuple[type, ...], source: str,
+             *, optional: bool = False) -> Any:
+    if name not in attrs or attrs[name] is None:
+        if optional:
+            return None
+        raise DamagedStoreError(f"{source}: the manifest lacks the field {name!r}; rewrite the run or restore "
+                                "the field")
+    value = attrs[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DamagedStoreError(f"{source}: the manifest field {name!r} is {type(value).__name__} {value!r}, where "
+                                f"a {names} belongs; rewrite the run or restore the field")
+    return value
+
+
+def _model(value: Any, source: str) -> ModelSignature | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise DamagedStoreError(f"{source}: the manifest field 'model' is {type(value).__name__}, where a mapping "
+                                "belongs")
+    fields = {n: _require(value, n, int, f"{source} (model)") for n in
+              ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")}
+    return ModelSignature(**fields, parameters=_require(value, "parameters", int, f"{source} (model)", optional=True))
+
+
+def _layout(value: Any, source: str) -> ParallelLayout:
+    if value is None:
+        return ParallelLayout()
+    if not isinstance(value, Mapping):
+        raise DamagedStoreError(f"{source}: the manifest field 'layout' is {type(value).__name__}, where a mapping "
+                                "belongs")
+    where = f"{source} (layout)"
+    sizes = {n: _require(value, n, int, where, optional=True) for n in ("tp", "pp", "dp", "cp", "ep")}
+    return ParallelLayout(**{n: v for n, v in sizes.items() if v is not None},
+                          vp=_require(value, "vp", int, where, optional=True),
+                          sp=bool(_require(value, "sp", bool, where, optional=True)))
+
+
+def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
+    """The typed manifest of a store's attributes (schema v1 or v2); ``DamagedStoreError`` naming
+    ``source`` and the field when one is missing or of the wrong type."""
+    run_id = _require(attrs, "run_id", str, source)
+    name = _require(attrs, "name", str, source)
+    config = _require(attrs, "config", Mapping, source, optional=True)
+    if "producer" in attrs:  # schema v2: the facts stand on their own
+        producer = _require(attrs, "producer", str, source)
+        model = _model(attrs.get("model"), source)
+        deterministic = _require(attrs, "deterministic", bool, source, optional=True)
+        seed = _require(attrs, "seed", int, source, optional=True)
+    else:  # schema v1: the runner's config holds them
+        if config is None:
+            raise DamagedStoreError(f"{source}: the manifest lacks the field 'config' (and, a schema v1 store, "
+                                    "has no 'producer'); rewrite the run or restore the field")
+        producer = RUNNER
+        model = _model({k: v for k, v in _require(config, "model", Mapping, f"{source} (config)").items()}, source)
+        deterministic = _require(config, "deterministic", bool, f"{source} (config)", optional=True)
+        seed = _require(config, "seed", int, f"{source} (config)", optional=True)
+    return RunManifest(
+        run_id=run_id, name=name, producer=producer, model=model, layout=_layout(attrs.get("layout"), source),
+        precision=_require(attrs, "precision", str, source, optional=True), deterministic=deterministic, seed=seed,
+        determinism=_require(attrs, "determinism", Mapping, source, optional=True) or {},
+        user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config)
+
+
+def manifest_fields(info: RunManifest) -> dict[str, Any]:
+    """The attributes that ``parse_manifest`` reads back as ``info`` (schema v2)."""
+    layout = {"tp": info.layout.tp, "pp": info.layout.pp, "dp": info.layout.dp, "cp": info.layout.cp,
+              "ep": info.layout.ep, "sp": info.layout.sp, "vp": info.layout.vp, "world_size": info.layout.world_size}
+    model = None
+    if info.model is not None:
+        model = {**info.model.shape(), "parameters": info.model.parameters}
+    out: dict[str, Any] = {"run_id": info.run_id, "name": info.name, "producer": info.producer, "model": model,
+                           "layout": layout, "precision": info.precision, "deterministic": info.deterministic,
+                           "seed": info.seed, "determinism": dict(info.determinism),
+                           "user_config": dict(info.user_config) if info.user_config is not None else None}
+    if info.config is not None:
+        out["config"] = dict(info.config)
+    return out
