@@ -11,7 +11,14 @@ from workbench.cli import main
 from workbench.config import RunConfig
 from workbench.errors import DamagedStoreError, ForeignRunError
 from workbench.manifest import new_manifest
-from workbench.store.manifest import RUNNER, ModelSignature, ParallelLayout, RunManifest, manifest_fields, parse_manifest
+from workbench.store.manifest import (
+    RUNNER,
+    ModelSignature,
+    ParallelLayout,
+    RunManifest,
+    manifest_fields,
+    parse_manifest,
+)
 from workbench.store.reader import list_runs, open_run
 from workbench.store.synthetic import write_synthetic_run
 from workbench.workspace import Workspace
