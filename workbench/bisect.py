@@ -102,7 +102,7 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
     site = differing[0] if differing else None
     origins = result.origin_sites if step == result.first_step else []
     skipped = None
-    if a.config.layout.pp > 1 or b.config.layout.pp > 1:
+    if a.info.layout.pp > 1 or b.info.layout.pp > 1:
         skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
     replays: list[Replay] = []
     operation = None
