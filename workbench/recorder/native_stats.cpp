@@ -122,6 +122,32 @@ inline __m256i mix_b8(__m256i v) {
   return _mm256_xor_si256(v, _mm256_srli_epi32(v, 16));
 }
 
+// Eight lanes of block accumulators, folded into ``out`` lane by lane.
+struct Lanes8 {
+  __m256 sum, sum_sq, mx, nmn, amx;
+  __m256i nan, inf, zero, under, over, la, lb;
+
+  void fold_into(Block& out) const {
+    alignas(32) float f[5][8];
+    alignas(32) int32_t c[5][8];
+    alignas(32) uint32_t l[2][8];
+    const __m256 floats[5] = {sum, sum_sq, mx, nmn, amx};
+    const __m256i counts[5] = {nan, inf, zero, under, over};
+    for (int i = 0; i < 5; ++i) {
+      _mm256_store_ps(f[i], floats[i]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(c[i]), counts[i]);
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(l[0]), la);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(l[1]), lb);
+    for (int k = 0; k < 8; ++k) {
+      out.sum += f[0][k]; out.sum_sq += f[1][k];
+      out.mx = std::max(out.mx, f[2][k]); out.nmn = std::max(out.nmn, f[3][k]); out.amx = std::max(out.amx, f[4][k]);
+      out.nan += c[0][k]; out.inf += c[1][k]; out.zero += c[2][k]; out.under += c[3][k]; out.over += c[4][k];
+      out.la += l[0][k]; out.lb += l[1][k];
+    }
+  }
+};
+
 // Eight elements at once: values and lane words of elements j .. j+7.
 template <typename T>
 inline void load8(const T* data, int64_t j, __m256& values, __m256i& words) {
@@ -180,22 +206,9 @@ bool finite_block(const T* data, int64_t n, uint32_t base, uint32_t step, float 
     amx = _mm256_max_ps(amx, mag);
   }
   if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
-  alignas(32) float fs[5][8];
-  alignas(32) int32_t is[3][8];
-  alignas(32) uint32_t ls[2][8];
-  _mm256_store_ps(fs[0], sum); _mm256_store_ps(fs[1], sum_sq);
-  _mm256_store_ps(fs[2], mx); _mm256_store_ps(fs[3], mn); _mm256_store_ps(fs[4], amx);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[0]), c_zero);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[1]), c_small);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[2]), c_over);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[0]), la);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[1]), lb);
-  for (int k = 0; k < 8; ++k) {
-    out.sum += fs[0][k]; out.sum_sq += fs[1][k];
-    out.mx = std::max(out.mx, fs[2][k]); out.nmn = std::max(out.nmn, -fs[3][k]); out.amx = std::max(out.amx, fs[4][k]);
-    out.zero += is[0][k]; out.under += is[1][k] - is[0][k]; out.over += is[2][k];
-    out.la += ls[0][k]; out.lb += ls[1][k];
-  }
+  const __m256i none = _mm256_setzero_si256();
+  Lanes8{sum, sum_sq, mx, _mm256_sub_ps(zero, mn), amx, none, none, c_zero, _mm256_sub_epi32(c_small, c_zero), c_over,
+         la, lb}.fold_into(out);
   return true;
 }
 
@@ -246,24 +259,7 @@ void masked_block(const T* data, int64_t n, uint32_t base, uint32_t step, float 
     nmn = _mm256_max_ps(nmn, _mm256_blendv_ps(_mm256_sub_ps(zero, v), neg_inf, nonfinite_ps));
     amx = _mm256_max_ps(amx, _mm256_blendv_ps(mag, neg_inf, nonfinite_ps));
   }
-  alignas(32) float fs[5][8];
-  alignas(32) int32_t is[5][8];
-  alignas(32) uint32_t ls[2][8];
-  _mm256_store_ps(fs[0], sum); _mm256_store_ps(fs[1], sum_sq);
-  _mm256_store_ps(fs[2], mx); _mm256_store_ps(fs[3], nmn); _mm256_store_ps(fs[4], amx);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[0]), c_nan);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[1]), c_inf);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[2]), c_zero);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[3]), c_under);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(is[4]), c_over);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[0]), la);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ls[1]), lb);
-  for (int k = 0; k < 8; ++k) {
-    out.sum += fs[0][k]; out.sum_sq += fs[1][k];
-    out.mx = std::max(out.mx, fs[2][k]); out.nmn = std::max(out.nmn, fs[3][k]); out.amx = std::max(out.amx, fs[4][k]);
-    out.nan += is[0][k]; out.inf += is[1][k]; out.zero += is[2][k]; out.under += is[3][k]; out.over += is[4][k];
-    out.la += ls[0][k]; out.lb += ls[1][k];
-  }
+  Lanes8{sum, sum_sq, mx, nmn, amx, c_nan, c_inf, c_zero, c_under, c_over, la, lb}.fold_into(out);
 }
 #endif
 
