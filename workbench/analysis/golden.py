@@ -69,12 +69,13 @@ def golden_check(run: RunRecords, golden: RunRecords, *, steps: int | None = Non
     wanted = [s for s in golden.steps if steps is None or s < steps]
     if not wanted:
         raise IncomparableRunsError(f"the reference {golden.name} recorded no step below {steps}")
+    run_steps, run_sites, wanted_steps = set(run.steps), set(run.sites), set(wanted)
     differences = [Difference(step, "(all sites)", "step not recorded by the run")
-                   for step in wanted if step not in set(run.steps)]
+                   for step in wanted if step not in run_steps]
     differences += [Difference(None, site, "site not recorded by the run")
-                    for site in golden.sites if site not in set(run.sites)]
+                    for site in golden.sites if site not in run_sites]
     result = compare(run, golden)
-    checked = [s for s in result.common_steps if s in set(wanted)]
+    checked = [s for s in result.common_steps if s in wanted_steps]
     if rtol is None:
         for step in checked:
             row = result.equal.loc[step]
@@ -110,7 +111,8 @@ def _scalars(run: RunRecords, golden: RunRecords, steps: int | None,
     """Differences of the per-step scalars the reference has, on the steps both wrote."""
     ours, theirs = run.scalars, golden.scalars
     names = tuple(n for n in TOLERANCE_SCALARS if n in theirs and np.isfinite(theirs[n].to_numpy(float)).any())
-    shared = [int(s) for s in theirs.index if (steps is None or s < steps) and s in set(ours.index)]
+    ours_steps = set(ours.index)
+    shared = [int(s) for s in theirs.index if (steps is None or s < steps) and s in ours_steps]
     found: list[Difference] = []
     for name in names:
         if name not in ours or not shared:

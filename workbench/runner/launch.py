@@ -116,6 +116,16 @@ class _ProgressReader:
                 self._report(line.removeprefix("PROGRESS "))
 
 
+_CONSEQUENTIAL = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+"""What a rank's error says when it failed because another rank did."""
+
+
+def _root_cause(failed: list[_Rank]) -> _Rank:
+    """The failed rank whose error is its own (not a lost peer), the lowest such; else the first."""
+    own = [r for r in failed if not any(mark in error_excerpt(r.log) for mark in _CONSEQUENTIAL)]
+    return (own or failed)[0]
+
+
 def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
     """Wait for every rank; return the first that failed (the others stopped), else None."""
     try:
@@ -125,7 +135,9 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
             failed = [r for r, code in zip(ranks, codes) if code not in (None, 0)]
             if failed:
                 _stop(ranks)
-                return failed[0]
+                # Under load the rank that lost its peer may exit first; name the one that failed on its own.
+                exited = [r for r in ranks if r.process.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGKILL)]
+                return _root_cause(exited or failed)
             if all(code == 0 for code in codes):
                 progress.poll()
                 return None
