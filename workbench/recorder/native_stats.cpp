@@ -165,6 +165,30 @@ inline void load8(const T* data, int64_t j, __m256& values, __m256i& words) {
   }
 }
 
+// The fingerprint lanes of eight consecutive elements: their full indices times the lanes'
+// multipliers advance by 8 * step * multiplier per iteration, so no multiply per element.
+struct FingerprintLanes8 {
+  __m256i ia, ib, da, db;
+
+  FingerprintLanes8(uint32_t base, uint32_t step) {
+    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
+                                           _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                              _mm256_set1_epi32(static_cast<int>(step))));
+    ia = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexA)));
+    ib = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexB)));
+    da = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexA));
+    db = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexB));
+  }
+
+  // Add the words ``w`` of the next eight elements into the lane sums and move on.
+  inline void add(__m256i w, __m256i& la, __m256i& lb) {
+    la = _mm256_add_epi32(la, mix_a8(_mm256_xor_si256(w, ia)));
+    lb = _mm256_add_epi32(lb, mix_b8(_mm256_xor_si256(w, ib)));
+    ia = _mm256_add_epi32(ia, da);
+    ib = _mm256_add_epi32(ib, db);
+  }
+};
+
 // The lane sums and finite statistics of elements [0, n) (n a multiple of 8) of a row segment
 // whose first element has full index ``base`` and whose elements are ``step`` apart in the full
 // index, assuming every element is finite; returns false (and leaves ``out`` as it was) when
@@ -172,13 +196,7 @@ inline void load8(const T* data, int64_t j, __m256& values, __m256i& words) {
 // minus the zeros.
 template <typename T>
 bool finite_block(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny, float largest, Block& out) {
-  const __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
-                                         _mm256_mullo_epi32(lane_offsets, _mm256_set1_epi32(static_cast<int>(step))));
-  __m256i ia = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexA)));
-  __m256i ib = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexB)));
-  const __m256i da = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexA));
-  const __m256i db = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexB));
+  FingerprintLanes8 lanes(base, step);
   const __m256i exponent = _mm256_set1_epi32(0x7F800000);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 zero = _mm256_setzero_ps();
@@ -189,10 +207,7 @@ bool finite_block(const T* data, int64_t n, uint32_t base, uint32_t step, float 
     __m256 v;
     __m256i w;
     load8(data, j, v, w);
-    la = _mm256_add_epi32(la, mix_a8(_mm256_xor_si256(w, ia)));
-    lb = _mm256_add_epi32(lb, mix_b8(_mm256_xor_si256(w, ib)));
-    ia = _mm256_add_epi32(ia, da);
-    ib = _mm256_add_epi32(ib, db);
+    lanes.add(w, la, lb);
     const __m256i bits = _mm256_castps_si256(v);
     nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
     const __m256 mag = _mm256_and_ps(v, abs_mask);
@@ -215,14 +230,7 @@ bool finite_block(const T* data, int64_t n, uint32_t base, uint32_t step, float 
 // The same for a block that holds NaN or Inf: every element masked by its finiteness.
 template <typename T>
 void masked_block(const T* data, int64_t n, uint32_t base, uint32_t step, float tiny, float largest, Block& out) {
-  const __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
-                                         _mm256_mullo_epi32(lane_offsets, _mm256_set1_epi32(static_cast<int>(step))));
-  // index * multiplier advances by 8 * step * multiplier per iteration: no multiply per element.
-  __m256i ia = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexA)));
-  __m256i ib = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexB)));
-  const __m256i da = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexA));
-  const __m256i db = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexB));
+  FingerprintLanes8 lanes(base, step);
   const __m256i exponent = _mm256_set1_epi32(0x7F800000);
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   const __m256 zero = _mm256_setzero_ps(), neg_inf = _mm256_set1_ps(-INFINITY);
@@ -234,10 +242,7 @@ void masked_block(const T* data, int64_t n, uint32_t base, uint32_t step, float 
     __m256 v;
     __m256i w;
     load8(data, j, v, w);
-    la = _mm256_add_epi32(la, mix_a8(_mm256_xor_si256(w, ia)));
-    lb = _mm256_add_epi32(lb, mix_b8(_mm256_xor_si256(w, ib)));
-    ia = _mm256_add_epi32(ia, da);
-    ib = _mm256_add_epi32(ib, db);
+    lanes.add(w, la, lb);
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i magnitude_bits = _mm256_and_si256(bits, abs_mask);
     const __m256i nonfinite = _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent);
