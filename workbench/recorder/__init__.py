@@ -1,8 +1,10 @@
 """The recorder (torch): per-site statistics and fingerprints from a Megatron Core model.
 
-    from workbench.recorder import Recorder
+    from workbench.recorder import record       # around a training loop (creates the store)
+    from workbench.recorder import Recorder     # the hooks alone, into a store made elsewhere
 """
 
 from workbench.recorder.recorder import Recorder, site_matcher
+from workbench.recorder.session import TrainingRun, record
 
-__all__ = ["Recorder", "site_matcher"]
+__all__ = ["Recorder", "TrainingRun", "record", "site_matcher"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ from workbench.store.writer import (
     contiguous_ranges,
     create_sites_group,
     create_snapshot,
+    update_manifest,
     write_site_rows,
     write_snapshot_region,
 )
@@ -122,6 +124,7 @@ class _StepState:
     acc: dict[str, _Accumulator] = field(default_factory=dict)
     before: dict[str, torch.Tensor] = field(default_factory=dict)
     snapshots: list[_Snapshot] = field(default_factory=list)
+    grads_recorded: bool = False
     _blocks: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     _used: int = 0
 
@@ -176,18 +179,32 @@ class Recorder:
         self._writer: BackgroundWriter | None = None
         self._handles: list[Any] = []
         self._restore: list[tuple[Any, Any]] = []
+        self._undo: list[Callable[[], None]] = []
         self._attach()
+
+    def parameter_count(self) -> int:
+        """Parameters of the full model, each counted once (collective: it gathers the names every
+        pipeline stage and tensor-parallel rank holds, with their full shapes)."""
+        local = {t.name: int(np.prod(t.placement.full_shape, dtype=np.int64)) for t in self._params}
+        merged: dict[str, int] = {}
+        for part in all_gather_objects(local):
+            merged.update(part)
+        return sum(merged.values())
 
     # -- hooks ---------------------------------------------------------------------------
 
     def _attach(self) -> None:
+        # Reduced gradients are read when the optimizer step begins: after every reduction the
+        # loop makes (finalize_model_grads, called by a schedule or by the loop itself), before
+        # any change the optimizer makes. Without an optimizer, after config.finalize_model_grads_func.
+        grads_at_finalize = self._optimizer is None or not self._hook_optimizer_step(self._optimizer)
         for chunk in self._chunks:
             self._handles.append(unwrap(chunk).register_forward_pre_hook(self._on_microbatch_start))
             config = getattr(chunk, "config", None)
             original = getattr(config, "finalize_model_grads_func", None)
             if config is not None and original is not None and not getattr(original, "_workbench_recorder", False):
                 self._restore.append((config, original))
-                config.finalize_model_grads_func = self._wrap_finalize(original)
+                config.finalize_model_grads_func = self._wrap_finalize(original, grads=grads_at_finalize)
             model = unwrap(chunk)
             if "loss" in self._kinds:
                 self._handles.append(model.register_forward_hook(self._on_model_output))
@@ -197,17 +214,45 @@ class Recorder:
                 self._handles.append(module.register_forward_hook(
                     lambda m, args, out, name=name, sharded=sharded: self._on_activation(name, out, sharded)))
 
-    def _wrap_finalize(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_finalize(self, original: Callable[..., Any], *, grads: bool) -> Callable[..., Any]:
         def finalize(*args: Any, **kwargs: Any) -> Any:
             if self._state is not None and "grad_local" in self._kinds:
                 self._record_gradients("grad_local")
             result = original(*args, **kwargs)
-            if self._state is not None and "grad" in self._kinds:
-                self._record_gradients("grad")
+            if grads:
+                self._on_gradients_reduced()
             return result
 
         finalize._workbench_recorder = True  # type: ignore[attr-defined]
         return finalize
+
+    def _hook_optimizer_step(self, optimizer: Any) -> bool:
+        """Call ``_on_gradients_reduced`` when ``optimizer.step`` begins; False if it has no ``step``.
+
+        A torch optimizer gets a step pre-hook; any other (Megatron's, the runner's) has its
+        bound ``step`` wrapped on the instance, which ``close`` undoes.
+        """
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self._on_gradients_reduced()))
+            return True
+        step = getattr(optimizer, "step", None)
+        if not callable(step):
+            return False
+        own = "step" in vars(optimizer)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self._on_gradients_reduced()
+            return step(*args, **kwargs)
+
+        optimizer.step = wrapped
+        self._undo.append(lambda: setattr(optimizer, "step", step) if own else delattr(optimizer, "step"))
+        return True
+
+    def _on_gradients_reduced(self) -> None:
+        state = self._state
+        if state is not None and "grad" in self._kinds and not state.grads_recorded:
+            state.grads_recorded = True  # once per step, however many optimizers step
+            self._record_gradients("grad")
 
     def microbatch(self, sample_offset: int) -> None:
         """Declare the global index of the first sample of the micro-batch about to run."""
@@ -391,7 +436,7 @@ class Recorder:
 
     def _build_registry(self) -> None:
         entries = [(site, s.kind, s.name, s.order, s.shape, s.dtype) for site, s in self._local.items()]
-        gathered = _all_gather_objects(entries)
+        gathered = all_gather_objects(entries)
         best: dict[str, tuple[Any, ...]] = {}
         for entry in (e for rank_entries in gathered for e in rank_entries):
             if entry[0] not in best or entry[3] < best[entry[0]][3]:
@@ -399,6 +444,12 @@ class Recorder:
         ordered = sorted(best.values(), key=lambda e: (e[3], e[0]))
         self._registry = [e[0] for e in ordered]
         self._index = {site: i for i, site in enumerate(self._registry)}
+        seen = {e[1] for e in ordered}
+        missing = {kind: self._why_missing(kind) for kind in self.record.kinds if kind not in seen}
+        if missing and self._rank == 0:
+            warnings.warn("the recorder was asked for site kinds it never saw in the first recorded step: "
+                          + "; ".join(f"{kind}: {why}" for kind, why in missing.items()), stacklevel=2)
+            update_manifest(self._run_dir, kinds_missing=missing)
         if self._rank == 0:
             infos = [SiteInfo(site=e[0], kind=e[1], name=e[2], layer=_layer_number(e[2]), order=i,
                               shape="x".join(map(str, e[4])), dtype=e[5], numel=int(np.prod(e[4], dtype=np.int64)))
@@ -406,6 +457,22 @@ class Recorder:
             steps = sorted(self._rows)
             if not _sites_group_matches(self._run_dir, steps, self._registry):
                 create_sites_group(self._run_dir, steps, infos)
+
+    def _why_missing(self, kind: str) -> str:
+        """The likely reason that no site of ``kind`` was seen (the site filter may also exclude them all)."""
+        reasons = {
+            "grad": "no reduced gradient reached the recorder: pass the optimizer (its step is where they are read)",
+            "grad_local": "the gradient before the reduction is read only in config.finalize_model_grads_func, "
+                          "which the model's config does not set",
+            "exp_avg": "no optimizer was passed, or it holds no Adam moments",
+            "exp_avg_sq": "no optimizer was passed, or it holds no Adam moments",
+            "loss": "the model's output is not a per-token loss (call it with labels)",
+            "act": "no activation module of a GPT model was found",
+            "act_grad": "no activation that requires a gradient was found",
+        }
+        if kind == "grad" and self._optimizer is not None:
+            return "the optimizer's step did not run in the first recorded step, or no parameter had a gradient"
+        return reasons.get(kind, "never produced") + " (or the site filter excludes all its sites)"
 
     def flush(self) -> None:
         """Reduce the pending steps over all ranks and hand them to the writer (global rank 0)."""
@@ -442,7 +509,7 @@ class Recorder:
 
     def _write_snapshots(self, snapshots: list[_Snapshot]) -> None:
         meta = [(s.path, s.full_shape, s.chunks, s.source_dtype, str(s.values.dtype)) for s in snapshots]
-        gathered = _all_gather_objects(meta)
+        gathered = all_gather_objects(meta)
         if self._rank == 0:
             created = set()
             for path, shape, chunks, source_dtype, dtype in (m for rank_meta in gathered for m in rank_meta):
@@ -460,10 +527,15 @@ class Recorder:
             self._writer = BackgroundWriter()
         return self._writer
 
-    def close(self) -> None:
-        """Flush what is pending, wait for the writer, and remove every hook."""
+    def close(self, *, flush: bool = True) -> None:
+        """Flush what is pending, wait for the writer, and remove every hook.
+
+        ``flush=False`` (after a failure, when other ranks may never reach the collective
+        a flush makes) drops the steps not yet reduced and only removes the hooks.
+        """
         try:
-            self.flush()
+            if flush:
+                self.flush()
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
@@ -474,6 +546,9 @@ class Recorder:
             for config, original in self._restore:
                 config.finalize_model_grads_func = original
             self._restore = []
+            for undo in self._undo:
+                undo()
+            self._undo = []
 
     def __enter__(self) -> Recorder:
         return self
@@ -488,7 +563,7 @@ def _layer_number(name: str) -> int:
     return -1 if layer is None else layer
 
 
-def _all_gather_objects(obj: Any) -> list[Any]:
+def all_gather_objects(obj: Any) -> list[Any]:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [obj]
     gathered: list[Any] = [None] * dist.get_world_size()

@@ -64,11 +64,16 @@ SCALAR_FIELDS: dict[str, str] = {
     "loss_scale": "float64",
     "step_time": "float64",
     "tokens_per_s": "float64",
-    "recorder_time": "float64",  # seconds the recorder spent on the step, not in step_time
+    "recorder_time": "float64",  # seconds of step_time the recorder spent; tokens_per_s leaves them out
     "skipped": "int8",
 }
 """Per-step scalars and their dtypes; seconds for ``step_time``."""
 DONE_FIELD = "done"
+
+
+def heartbeat_grace(every_s: float) -> float:
+    """Seconds without a heartbeat after which a reader on another host takes the writer for dead."""
+    return max(3.0 * every_s, 60.0)
 
 SITES_GROUP = "sites"
 SITE_DIM = "site"
@@ -106,7 +111,8 @@ class Status:
     STOPPED = "stopped"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
-    """Never written: a reader's verdict on a 'running' store whose launcher is gone."""
+    """A reader's verdict on a 'running' store whose writer is gone; written only by a recorded
+    loop stopped with Ctrl-C."""
 
 
 @dataclass(frozen=True)

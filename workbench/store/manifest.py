@@ -22,6 +22,8 @@ from workbench.errors import DamagedStoreError
 
 RUNNER = "workbench runner"
 """``producer`` of stores the workbench's own runner trains."""
+USER_LOOP = "user loop"
+"""``producer`` of stores a researcher's own training loop records (``workbench.recorder.record``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

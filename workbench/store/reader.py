@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -110,9 +111,10 @@ class Run:
     @property
     def status(self) -> str:
         """The stored status; a 'created' or 'running' store whose launcher is gone reads 'interrupted'."""
-        status = str(zarr.open_group(self.paths.store, mode="r").attrs.get("status", layout.Status.CREATED))
+        attrs = zarr.open_group(self.paths.store, mode="r").attrs
+        status = str(attrs.get("status", layout.Status.CREATED))
         if status in (layout.Status.CREATED, layout.Status.RUNNING) and \
-                not _launcher_alive(self.manifest.get("launcher", {})):
+                not _producer_alive(attrs.get("launcher") or {}, attrs.get("heartbeat")):
             return layout.Status.INTERRUPTED
         return status
 
@@ -267,10 +269,18 @@ class Run:
         return float(layout.read(layout.array(self._scalars, "loss"), n - 1)) if n else float("nan")
 
 
-def _launcher_alive(launcher: dict[str, Any]) -> bool:
-    if launcher.get("host") != socket.gethostname():
-        return True  # cannot tell from here; trust the stored status
-    pid = launcher.get("pid")
+def _producer_alive(launcher: Any, heartbeat: Any) -> bool:
+    """Whether the process writing a run still lives: its pid on its own host; from any other host,
+    a heartbeat (``{"at": epoch seconds, "every_s": interval}``) newer than a few intervals."""
+    if isinstance(launcher, dict) and launcher.get("host") == socket.gethostname():
+        return _pid_alive(launcher.get("pid"))
+    if isinstance(heartbeat, dict) and isinstance(heartbeat.get("at"), int | float) \
+            and isinstance(heartbeat.get("every_s"), int | float):
+        return time.time() - heartbeat["at"] <= layout.heartbeat_grace(heartbeat["every_s"])
+    return True  # cannot tell from here; trust the stored status
+
+
+def _pid_alive(pid: Any) -> bool:
     if not isinstance(pid, int):
         return False
     try:

@@ -83,10 +83,15 @@ def _move_into_place(staging: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+_MANIFEST_LOCK = threading.Lock()
+
+
 def update_manifest(run_dir: Path, **fields: Any) -> None:
-    """Merge ``fields`` into the manifest (zarr rewrites ``zarr.json`` atomically)."""
-    root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
-    root.attrs.update(fields)
+    """Merge ``fields`` into the manifest (zarr rewrites ``zarr.json`` atomically). Threads of one
+    process take turns, so that a heartbeat never undoes a status written at the same moment."""
+    with _MANIFEST_LOCK:
+        root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
+        root.attrs.update(fields)
 
 
 def set_status(run_dir: Path, status: str, **fields: Any) -> None:

@@ -1,0 +1,139 @@
+"""A researcher's own Megatron Core training loop, recorded with ``workbench.recorder.record``.
+
+Written the way Megatron-LM's ``examples/run_simple_mcore_train_loop.py`` writes one: its own
+``TransformerConfig`` and ``GPTModel`` (local spec), Megatron DDP, ``get_forward_backward_func``,
+``finalize_model_grads`` called directly, a plain ``torch.optim.Adam``. Nothing from the
+workbench but the recording lines (the README's "Record your own training" snippet, whose
+lines the test finds here in order) and, on a machine without a GPU, ``cpu_compat``.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/integration/user_loop.py RUN_DIR --tp 2
+
+``--flip STEP:MODULE`` flips the lowest mantissa bit of one element of MODULE's output at STEP
+(the test's own forward hook); ``--raise-at STEP`` makes the loop fail there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from workbench.recorder import record
+from workbench.runner import cpu_compat
+
+SEQ, VOCAB, MICRO_BATCH, MICRO_BATCHES = 16, 128, 2, 2
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--flip", default=None, help="STEP:MODULE")
+    parser.add_argument("--raise-at", type=int, default=None)
+    parser.add_argument("--no-optimizer", action="store_true", help="do not hand the optimizer to record()")
+    return parser.parse_args()
+
+
+def batches(step: int, rank_seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(rank_seed * 1000 + step)
+    return [torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=generator) for _ in range(MICRO_BATCHES)]
+
+
+def record_without_optimizer(run_dir, chunks, optimizer, **options):  # type: ignore[no-untyped-def]
+    """``record`` not told the optimizer (``--no-optimizer``: the test of kinds never seen)."""
+    return record_with_optimizer(run_dir, chunks, None, **options)
+
+
+record_with_optimizer = record
+
+
+def main() -> None:
+    args = parse()
+    cpu_compat.install_if_needed()
+    dist.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(args.tp, args.pp)
+    model_parallel_cuda_manual_seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
+        pipeline_dtype=torch.float32, tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        hidden_dropout=0.0, attention_dropout=0.0, gradient_accumulation_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        deterministic_mode=True)
+    gpt = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                   max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
+                   post_process=parallel_state.is_pipeline_last_stage())
+    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=gpt)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    forward_backward_func = get_forward_backward_func()
+    position_ids = torch.arange(SEQ)[None].expand(MICRO_BATCH, SEQ)
+    attention_mask = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)[None, None]
+
+    current_step = [0]
+    if args.flip:
+        flip_step, flip_module = args.flip.split(":")
+
+        def flip(module: torch.nn.Module, inputs: object, output: object) -> object:
+            tensor = output[0] if isinstance(output, tuple) else output
+            if current_step[0] != int(flip_step) or not isinstance(tensor, torch.Tensor):
+                return None
+            bit = torch.zeros_like(tensor, dtype=torch.int32).view(-1)
+            bit[0] = 1  # the lowest mantissa bit of the first element
+            flipped = (tensor.detach().view(torch.int32) ^ bit.view(tensor.shape)).view(tensor.dtype)
+            tensor = tensor + (flipped - tensor.detach())  # the flipped value, the gradient unchanged
+            return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+        dict(gpt.named_modules())[flip_module].register_forward_hook(flip)
+
+    def forward_step(data_iterator, model):  # type: ignore[no-untyped-def]
+        tokens = next(data_iterator)
+        output = model(tokens[:, :-1], position_ids, attention_mask, labels=tokens[:, 1:])
+
+        def loss_func(output_tensor):  # type: ignore[no-untyped-def]
+            loss = output_tensor.float().mean()
+            return loss, {"lm loss": loss}
+
+        return output, loss_func
+
+    run_dir, steps, global_batch_size = args.run_dir, args.steps, MICRO_BATCH * MICRO_BATCHES
+    with record(run_dir, [model], optimizer, steps=steps, global_batch_size=global_batch_size, seed=args.seed,
+                user_config=vars(args)) as run:
+        for step in range(steps):
+            with run.step(step):
+                current_step[0] = step
+                if step == args.raise_at:
+                    raise RuntimeError(f"the loop failed at step {step}")
+                model.zero_grad_buffer()
+                optimizer.zero_grad()
+                losses = forward_backward_func(
+                    forward_step_func=forward_step, data_iterator=iter(batches(step, args.seed)), model=[model],
+                    num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+                    forward_only=False)
+                finalize_model_grads([model])
+                for p in model.parameters():
+                    p.grad = p.main_grad
+                optimizer.step()
+                loss = sum(float(x["lm loss"]) for x in losses) / MICRO_BATCHES if losses else None
+                run.log(loss=loss, lr=optimizer.param_groups[0]["lr"])
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if "--no-optimizer" in sys.argv:
+        record = record_without_optimizer
+    main()

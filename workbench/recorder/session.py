@@ -1,0 +1,268 @@
+"""Record a researcher's own Megatron Core training: one call around the loop, two lines in it.
+
+    from workbench.recorder import record
+
+    with record("runs/mine", model_chunks, optimizer, steps=steps, global_batch_size=gbs,
+                user_config=vars(args)) as run:
+        for step in range(steps):
+            with run.step(step):
+                losses = forward_backward_func(...)
+                finalize_model_grads(model_chunks)
+                optimizer.step()
+                run.log(loss=loss, grad_norm=grad_norm, lr=lr)
+
+``record`` reads the manifest off the live objects (the model's ``TransformerConfig``,
+``parallel_state``, torch's determinism switches, the environment, the git revision of the
+working directory), creates the store on global rank 0 while the others wait, and attaches
+the ``Recorder``. ``run.step`` measures the step time; ``run.log`` takes the scalars the
+loop has (on whichever rank has them: with pipeline parallelism the loss lives on the last
+stage). The status ends ``complete``, ``failed`` with the exception's message, or, when
+the process dies, reads ``interrupted``: on the writer's host by its pid, on any other host
+by the heartbeat rank 0 writes every ``heartbeat_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench import determinism
+from workbench.config import RecordConfig
+from workbench.errors import ArgumentError
+from workbench.manifest import git_revision, library_versions
+from workbench.recorder.recorder import Recorder, SiteFilter, all_gather_objects
+from workbench.recorder.targets import unwrap
+from workbench.store import layout
+from workbench.store.manifest import USER_LOOP, ModelSignature, ParallelLayout, RunManifest, manifest_fields
+from workbench.store.writer import ScalarWriter, create_store, now, set_status, update_manifest
+
+LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped")
+"""What ``TrainingRun.log`` takes; ``tokens`` (this step's, all ranks together) gives tokens/s."""
+
+
+def live_layout(config: Any) -> ParallelLayout:
+    """The layout of this process group, from ``parallel_state`` (TP=PP=DP=1 when it is not initialised)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            raise ArgumentError(f"{dist.get_world_size()} processes run but megatron.core.parallel_state is not "
+                                "initialised: call parallel_state.initialize_model_parallel(...) before record()")
+        return ParallelLayout()
+    vp = getattr(config, "virtual_pipeline_model_parallel_size", None)
+    return ParallelLayout(tp=ps.get_tensor_model_parallel_world_size(), pp=ps.get_pipeline_model_parallel_world_size(),
+                          dp=ps.get_data_parallel_world_size(), vp=vp, sp=bool(getattr(config, "sequence_parallel",
+                                                                                          False)),
+                          cp=ps.get_context_parallel_world_size(), ep=ps.get_expert_model_parallel_world_size())
+
+
+def live_precision(config: Any) -> str:
+    """The precision the model computes in, from its ``TransformerConfig``."""
+    if getattr(config, "bf16", False):
+        return "bf16"
+    if getattr(config, "fp16", False):
+        return "fp16"
+    dtype = getattr(config, "params_dtype", torch.float32)
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
+def live_determinism(config: Any) -> dict[str, Any]:
+    """Every determinism switch as this process has it: Megatron's, torch's and the environment's."""
+    flags = {name: getattr(config, name) for name in ("deterministic_mode", "cross_entropy_loss_fusion")
+             if hasattr(config, name)}
+    torch_flag = torch.are_deterministic_algorithms_enabled()
+    return {
+        "deterministic": bool(flags.get("deterministic_mode", False)) and torch_flag,
+        "transformer_config": flags,
+        "torch_use_deterministic_algorithms": torch_flag,
+        "required_env": {},
+        "env": {key: os.environ.get(key) for key in determinism.NUMERICS_ENV_VARS},
+        "emulated_nondeterminism": [],
+    }
+
+
+def _signature(model: Any, config: Any, parameters: int) -> ModelSignature:
+    missing = [what for what, value in (("vocab_size", getattr(model, "vocab_size", None)),
+                                        ("max_sequence_length", getattr(model, "max_sequence_length", None)))
+               if value is None]
+    if missing or config is None:
+        raise ArgumentError(f"record() needs Megatron Core GPTModel chunks: the model has no "
+                            f"{', '.join(missing) or 'config'}")
+    return ModelSignature(num_layers=config.num_layers, hidden_size=config.hidden_size,
+                          num_attention_heads=config.num_attention_heads, vocab_size=int(model.vocab_size),
+                          seq_length=int(model.max_sequence_length), parameters=parameters)
+
+
+def _user_config_hash(user_config: Mapping[str, Any] | None) -> str | None:
+    if user_config is None:
+        return None
+    text = json.dumps(user_config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class TrainingRun:
+    """A run being recorded (see the module docstring); made by ``record``."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], optimizer: Any, *,
+                 steps: int, name: str | None = None, global_batch_size: int | None = None,
+                 user_config: Mapping[str, Any] | None = None, seed: int | None = None,
+                 deterministic: bool | None = None, record: RecordConfig | None = None,
+                 sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0) -> None:
+        if not isinstance(steps, int) or steps < 1:
+            raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
+        if not chunks:
+            raise ArgumentError("record() needs the model chunks (a list of GPTModel, DDP-wrapped or not)")
+        if user_config is not None and not isinstance(user_config, Mapping):
+            raise ArgumentError(f"user_config must be a mapping (vars(args), a dict), not {type(user_config).__name__}")
+        self.run_dir = Path(run_dir)
+        self._rank = dist.get_rank() if dist.is_initialized() else 0
+        self._steps = steps
+        self._flush_every = flush_every
+        self._heartbeat_s = heartbeat_s
+        model = unwrap(chunks[0])
+        config = getattr(model, "config", None)
+        precision = live_precision(config)
+        self.recorder = Recorder(chunks, run_dir=self.run_dir, total_steps=steps, optimizer=optimizer, record=record,
+                                 precision=precision, global_batch_size=global_batch_size, flush_every=flush_every,
+                                 sites=sites)
+        try:
+            signature = _signature(model, config, self.recorder.parameter_count())
+            switches = live_determinism(config)
+            if deterministic is not None:
+                switches["deterministic"] = deterministic
+            name = name or self.run_dir.name
+            self.info = RunManifest(run_id=f"{name}-{uuid.uuid4().hex[:8]}", name=name, producer=USER_LOOP,
+                                    model=signature, layout=live_layout(config), precision=precision,
+                                    deterministic=switches["deterministic"], seed=seed, determinism=switches,
+                                    user_config=dict(user_config) if user_config is not None else None)
+            self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
+            self._scalars: ScalarWriter | None = None
+            if self._rank == 0:
+                self._create_store(user_config)
+            if dist.is_initialized():
+                dist.barrier()  # the store exists before any rank records into it
+        except BaseException:
+            self.recorder.close(flush=False)
+            raise
+        self._logged: dict[int, dict[str, float]] = {}
+        self._current: dict[str, float] | None = None
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        if self._rank == 0:
+            self._heartbeat = threading.Thread(target=self._beat, name="workbench-heartbeat", daemon=True)
+            self._heartbeat.start()
+
+    def _create_store(self, user_config: Mapping[str, Any] | None) -> None:
+        host = socket.gethostname()
+        create_store(self.run_dir, {
+            **manifest_fields(self.info),
+            "user_config_hash": _user_config_hash(user_config),
+            "versions": library_versions(),
+            "host": host,
+            "git_revision": git_revision(Path.cwd()),
+            "working_directory": str(Path.cwd()),
+            "launcher": {"pid": os.getpid(), "host": host},
+            "heartbeat": {"at": time.time(), "every_s": self._heartbeat_s},
+            "started_at": now(),
+            "status": layout.Status.RUNNING,
+            "steps_planned": self._steps,
+        }, self._steps)
+        self._scalars = ScalarWriter(self.run_dir, self._flush_every)
+
+    def _beat(self) -> None:
+        while not self._stop_heartbeat.wait(self._heartbeat_s):
+            update_manifest(self.run_dir, heartbeat={"at": time.time(), "every_s": self._heartbeat_s})
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[TrainingRun]:
+        """The body of training step ``step``: records it, times it and stores the scalars logged in it."""
+        if not 0 <= step < self._steps:
+            raise ArgumentError(f"step {step} is outside the {self._steps} steps this run was created for")
+        self._current = {}
+        start = time.perf_counter()
+        self.recorder.step_begin(step)
+        yield self
+        recorder_time = self.recorder.step_end(step)
+        step_time = time.perf_counter() - start
+        row, self._current = self._current, None
+        tokens = row.pop("tokens", self._tokens_per_step)
+        row["step_time"] = step_time
+        row["recorder_time"] = recorder_time
+        if tokens is not None:  # as the runner counts it: the training's own speed, the recorder left out
+            row["tokens_per_s"] = tokens / max(step_time - recorder_time, 1e-9)
+        self._logged[step] = row
+        if len(self._logged) >= self._flush_every or step == self._steps - 1:
+            self._flush_scalars(gather=True)
+
+    def log(self, **values: Any) -> None:
+        """The step's scalars this rank has (any of ``LOGGED``); tensors are read with ``float``."""
+        if self._current is None:
+            raise ArgumentError("log() belongs inside `with run.step(step):`")
+        unknown = sorted(set(values) - set(LOGGED))
+        if unknown:
+            raise ArgumentError(f"log() takes {', '.join(LOGGED)}; not {', '.join(unknown)}")
+        self._current.update({k: float(v) for k, v in values.items() if v is not None})
+
+    def _flush_scalars(self, *, gather: bool) -> None:
+        """Write the logged rows; with ``gather`` (every rank at the same steps), merged over ranks:
+        a scalar comes from the lowest rank that logged it, the step time from rank 0."""
+        rows, self._logged = self._logged, {}
+        parts = all_gather_objects(rows) if gather else [rows]
+        if self._scalars is None:
+            return
+        for step, own in rows.items():
+            merged = dict(own)
+            for other in parts[1:]:
+                for key, value in other.get(step, {}).items():
+                    if key not in ("step_time", "recorder_time", "tokens_per_s"):
+                        merged.setdefault(key, value)
+            self._scalars.append(step, {name: merged.get(name, 0 if name == "skipped" else math.nan)
+                                        for name in layout.SCALAR_FIELDS})
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run: ``complete``; with ``error``, ``failed`` (``interrupted`` for Ctrl-C) and no
+        collective, since other ranks may never reach one."""
+        failed = error is not None
+        try:
+            self._flush_scalars(gather=not failed)
+            self.recorder.close(flush=not failed)
+        finally:
+            self._stop_heartbeat.set()
+            if self._heartbeat is not None:
+                self._heartbeat.join()
+            if self._scalars is not None:
+                self._scalars.close()
+                if error is None:
+                    set_status(self.run_dir, layout.Status.COMPLETE)
+                else:
+                    status = layout.Status.INTERRUPTED if isinstance(error, KeyboardInterrupt) else layout.Status.FAILED
+                    excerpt = "".join(traceback.format_exception(error))[-2000:]
+                    set_status(self.run_dir, status, error={"rank": self._rank, "message": f"{type(error).__name__}: "
+                                                            f"{error}", "excerpt": excerpt})
+
+    def __enter__(self) -> TrainingRun:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        self.close(error)
+
+
+def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], optimizer: Any = None, *,
+           steps: int, **options: Any) -> TrainingRun:
+    """Start recording a Megatron Core training into ``run_dir`` (see ``TrainingRun`` for the options):
+    every rank calls it, after ``parallel_state`` is initialised and the model and optimizer exist."""
+    return TrainingRun(run_dir, chunks, optimizer, steps=steps, **options)
