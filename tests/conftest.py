@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,3 +52,28 @@ def mini_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = Path(kept) if kept else tmp_path_factory.mktemp("mini-demo")
     run_study(load_study(Path(__file__).parent / "mini_demo.toml"), out, lambda *args: None)
     return out
+
+
+USER_LOOP = Path(__file__).parent / "integration" / "user_loop.py"
+"""A researcher's own Megatron Core loop, recorded with ``workbench.recorder.record``."""
+
+
+def train_user_loop(run_dir: Path, *args: str, ranks: int = 2, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``user_loop.py`` on ``ranks`` processes (torchrun, gloo); with ``ok``, assert it succeeded."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(ranks), str(USER_LOOP), str(run_dir), *args], capture_output=True, text=True,
+                            timeout=900)
+    if ok:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def user_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of four runs of the user loop: TP=2 twice, TP=2 with one flipped bit at step 2, PP=2."""
+    root = tmp_path_factory.mktemp("user-runs")
+    train_user_loop(root / "tp2", "--tp", "2")
+    train_user_loop(root / "tp2-again", "--tp", "2")
+    train_user_loop(root / "tp2-flip", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
+    train_user_loop(root / "pp2", "--pp", "2")
+    return root

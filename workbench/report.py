@@ -25,7 +25,6 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
-from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
@@ -42,9 +41,9 @@ MAX_ANOMALY_ROWS = 40
 def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
     """Pairs worth a heatmap: repeats against their first repeat, then every other run against the reference."""
     pairs: list[tuple[str, str]] = []
-    for first, *rest in repeat_groups(ws.recorded).values():
+    for first, *rest in ws.repeat_groups:
         pairs += [(first, other) for other in rest]
-    pairs += [(ws.reference, n) for n in ws.recorded if n != ws.reference and not REPEAT.match(n)]
+    pairs += [(ws.reference, n) for n in ws.recorded if n != ws.reference and n not in ws.repeats]
     return pairs[:MAX_PAIRS]
 
 

@@ -58,7 +58,7 @@ def summarise(ws: Workspace) -> StudySummary:
     """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.reference
-    findings = study_findings(records, reference) if reference in records else []
+    findings = study_findings(records, reference, ws.repeat_groups) if reference in records else []
     comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
                         floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost())

@@ -9,9 +9,11 @@ the study summary and the report read from.
     ws.anomalies("tp2")                               # cached analysis.anomalies.find_anomalies
 
 Opening reads manifests and fingerprints; statistics stay lazy until a result needs them.
-The roles: the *reference* is ``det-r0`` if present, else the first deterministic fp32 run
-on one process; the *noise floor* runs are the largest group of nondeterministic repeats
-(``<base>-r<i>``), plus the reference when it differs from them only in determinism.
+The roles come from the manifests, whoever produced the runs, never from their names: the
+*reference* is preferably deterministic, fp32, on one process and repeated (in that order
+of preference; ties by name); *repeats* are runs of one configuration (``repeat_key``); the *noise
+floor* runs are the largest group of nondeterministic repeats, plus the reference when it
+differs from them only in determinism.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from workbench.analysis.anomalies import AnomalyRules, find_anomalies
 from workbench.analysis.compare import Comparison, compare, relative_difference
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
-from workbench.analysis.findings import REPEAT, repeat_groups
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.errors import RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
+from workbench.store.manifest import RUNNER
 from workbench.store.reader import Run, find_runs, open_run
 
 DEMO_RUNS = Path("data/runs/demo")
@@ -49,6 +51,23 @@ def runs_dir() -> Path:
         if (folder / "pyproject.toml").is_file():
             return folder / DEMO_RUNS
     return DEMO_RUNS
+
+
+def repeat_key(run: Run) -> tuple[object, ...] | None:
+    """What two repeats of one configuration share; None for a run that repeats nothing (resumed,
+    faulted, replayed, or imported without a model signature and seed).
+
+    The runner's runs: the hash of their numerics config (everything but the name). Any other
+    producer: model signature, layout, precision, determinism and seed.
+    """
+    manifest, info = run.manifest, run.info
+    if manifest.get("resumes") or manifest.get("fault", "none") != "none" or manifest.get("replay"):
+        return None
+    if info.producer == RUNNER and isinstance(manifest.get("config_hash"), str):
+        return ("config", manifest["config_hash"])
+    if info.model is None or info.seed is None or info.deterministic is None:
+        return None
+    return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic, info.seed)
 
 
 class Workspace:
@@ -117,22 +136,63 @@ class Workspace:
     # -- roles -----------------------------------------------------------------------
 
     @cached_property
+    def repeat_groups(self) -> list[list[str]]:
+        """Recorded runs of one configuration, two or more per group, each in name order."""
+        groups: dict[tuple[object, ...], list[str]] = {}
+        for name in sorted(self.recorded):
+            key = repeat_key(self.runs[name])
+            if key is not None:
+                groups.setdefault(key, []).append(name)
+        return [group for group in groups.values() if len(group) > 1]
+
+    @cached_property
+    def repeats(self) -> set[str]:
+        """Runs that repeat an earlier run of their group (the group's first is not among them)."""
+        return {name for group in self.repeat_groups for name in group[1:]}
+
+    @cached_property
     def reference(self) -> str:
         candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes") and n not in self.faulted]
-        if "det-r0" in candidates:
-            return "det-r0"
-        plain = [n for n in candidates if self.runs[n].info.deterministic
-                 and self.runs[n].info.layout.world_size == 1 and self.runs[n].info.precision == "fp32"]
-        return (plain or candidates or self.names)[0]
+
+        def preference(name: str) -> tuple[bool, bool, bool, bool, str]:
+            # deterministic, fp32, one process, with a repeat that shows it reproducible; then by name
+            info = self.runs[name].info
+            return (info.deterministic is not True, info.precision != "fp32", info.layout.world_size != 1,
+                    self.repeat_of(name) is None, name)
+
+        return min(candidates or self.recorded or self.names, key=preference)
 
     @cached_property
     def floor_runs(self) -> list[str]:
-        nondeterministic = [n for n in self.recorded if self.runs[n].info.deterministic is False]
-        runs = max(repeat_groups(nondeterministic).values(), key=len, default=[])
+        groups = [g for g in self.repeat_groups if self.runs[g[0]].info.deterministic is False]
+        runs = max(groups, key=len, default=[])
         if runs and self.reference in self.recorded and \
                 self.runs[self.reference].info.configuration() == self.runs[runs[0]].info.configuration():
             runs = [self.reference, *runs]
         return runs if len(runs) >= 2 else []
+
+    @property
+    def nondeterministic_repeats(self) -> list[str]:
+        """The noise floor's nondeterministic runs (two or more, or none)."""
+        return [n for n in self.floor_runs if self.runs[n].info.deterministic is False]
+
+    def repeat_of(self, name: str) -> str | None:
+        """Another run of ``name``'s repeat group, or None."""
+        group = next((g for g in self.repeat_groups if name in g), [])
+        return next((n for n in group if n != name), None)
+
+    def divergence_pair(self) -> tuple[str, str] | None:
+        """Two runs worth exploring: two nondeterministic repeats; else the reference and its repeat, or the
+        first other recorded run; None with fewer than two recorded runs."""
+        nondeterministic = self.nondeterministic_repeats
+        if len(nondeterministic) >= 2:
+            return nondeterministic[0], nondeterministic[1]
+        other = self.repeat_of(self.reference) or next((n for n in self.recorded if n != self.reference), None)
+        return (self.reference, other) if other else None
+
+    def trained_here(self, name: str) -> bool:
+        """Whether the workbench's runner trained ``name`` (so that replay and bisect can retrain it)."""
+        return self.runs[name].info.producer == RUNNER
 
     @property
     def resumed(self) -> list[str]:
@@ -155,7 +215,7 @@ class Workspace:
         """Recorded runs that are neither the reference, a repeat, resumed nor faulted: precision and layout
         changes."""
         return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
-                and not REPEAT.match(n) and n not in self.resumed and n not in self.faulted]
+                and n not in self.repeats and n not in self.resumed and n not in self.faulted]
 
     @cached_property
     def floor(self) -> NoiseFloor | None:

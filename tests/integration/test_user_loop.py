@@ -5,42 +5,23 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import USER_LOOP as LOOP_SCRIPT
+from tests.conftest import train_user_loop
 from workbench.analysis.compare import compare
 from workbench.cli import main as cli
 from workbench.store.manifest import USER_LOOP
 from workbench.store.reader import list_runs, open_run
 
-LOOP = Path(__file__).with_name("user_loop.py")
 README = Path(__file__).resolve().parents[2] / "README.md"
 ALL_KINDS = {"param", "act", "act_grad", "grad", "loss", "exp_avg", "exp_avg_sq", "update"}
 
 
-def train(run_dir: Path, *args: str, ranks: int = 2, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(ranks), str(LOOP), str(run_dir), *args], capture_output=True, text=True, timeout=900)
-    if ok:
-        assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("user-runs")
-    train(root / "tp2", "--tp", "2")
-    train(root / "tp2-again", "--tp", "2")
-    train(root / "tp2-flip", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
-    train(root / "pp2", "--pp", "2")
-    return root
-
-
-def test_every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_itself(runs: Path) -> None:
-    run = open_run(runs / "tp2")
+def test_every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_itself(user_runs: Path) -> None:
+    run = open_run(user_runs / "tp2")
     assert set(run.site_table()["kind"]) == ALL_KINDS
     assert run.status == "complete" and run.steps_completed == 4
     assert run.scalars["loss"].notna().all() and (run.scalars["step_time"] > 0).all()
@@ -54,38 +35,38 @@ def test_every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_
     assert "kinds_missing" not in run.manifest
 
 
-def test_two_runs_of_the_loop_are_bitwise_identical(runs: Path) -> None:
-    assert compare(open_run(runs / "tp2").records(), open_run(runs / "tp2-again").records()).identical
+def test_two_runs_of_the_loop_are_bitwise_identical(user_runs: Path) -> None:
+    assert compare(open_run(user_runs / "tp2").records(), open_run(user_runs / "tp2-again").records()).identical
 
 
-def test_a_one_bit_change_is_found_at_its_step_and_module(runs: Path) -> None:
-    result = compare(open_run(runs / "tp2").records(), open_run(runs / "tp2-flip").records())
+def test_a_one_bit_change_is_found_at_its_step_and_module(user_runs: Path) -> None:
+    result = compare(open_run(user_runs / "tp2").records(), open_run(user_runs / "tp2-flip").records())
     assert (result.first_step, result.first_site) == (2, "act:layers.1.mlp")
 
 
-def test_a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage(runs: Path) -> None:
-    run = open_run(runs / "pp2")
+def test_a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage(user_runs: Path) -> None:
+    run = open_run(user_runs / "pp2")
     assert run.info.layout.pp == 2
     assert set(run.site_table()["kind"]) == ALL_KINDS
     assert run.scalars["loss"].notna().all()  # logged on rank 1 only, stored by rank 0
 
 
-def test_the_verbs_work_on_a_folder_of_user_runs(runs: Path, tmp_path: Path,
+def test_the_verbs_work_on_a_folder_of_user_runs(user_runs: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert len(list_runs(runs)) == 4
-    assert cli(["ls", str(runs)]) == 0
-    assert cli(["compare", str(runs / "tp2"), str(runs / "tp2-flip")]) == 0
-    assert cli(["check", str(runs / "tp2-again"), "--golden", str(runs / "tp2")]) == 0
-    assert cli(["check", str(runs / "tp2-flip"), "--golden", str(runs / "tp2")]) == 1
-    assert cli(["study", str(runs)]) == 0
-    assert cli(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    assert len(list_runs(user_runs)) == 4
+    assert cli(["ls", str(user_runs)]) == 0
+    assert cli(["compare", str(user_runs / "tp2"), str(user_runs / "tp2-flip")]) == 0
+    assert cli(["check", str(user_runs / "tp2-again"), "--golden", str(user_runs / "tp2")]) == 0
+    assert cli(["check", str(user_runs / "tp2-flip"), "--golden", str(user_runs / "tp2")]) == 1
+    assert cli(["study", str(user_runs)]) == 0
+    assert cli(["report", str(user_runs), "--out", str(tmp_path / "report")]) == 0
     out = capsys.readouterr().out
     assert "first divergent step: 2" in out
     assert (tmp_path / "report").is_file()  # one self-contained HTML file
 
 
 def test_a_loop_that_raises_leaves_a_failed_store(tmp_path: Path) -> None:
-    result = train(tmp_path / "fails", "--raise-at", "2", ranks=1, ok=False)
+    result = train_user_loop(tmp_path / "fails", "--raise-at", "2", ranks=1, ok=False)
     assert result.returncode != 0
     run = open_run(tmp_path / "fails")
     assert run.status == "failed"
@@ -94,7 +75,7 @@ def test_a_loop_that_raises_leaves_a_failed_store(tmp_path: Path) -> None:
 
 
 def test_kinds_asked_for_and_never_seen_are_a_warning_and_in_the_manifest(tmp_path: Path) -> None:
-    result = train(tmp_path / "no-opt", "--no-optimizer", ranks=1)
+    result = train_user_loop(tmp_path / "no-opt", "--no-optimizer", ranks=1)
     missing = open_run(tmp_path / "no-opt").manifest["kinds_missing"]
     assert set(missing) == {"grad", "exp_avg", "exp_avg_sq"}
     assert "never saw" in result.stderr and "grad" in missing and "optimizer" in missing["grad"]
@@ -104,7 +85,7 @@ def test_the_readme_snippet_is_the_tested_loop() -> None:
     section = README.read_text().split("## Record your own training", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S)
     assert snippet is not None
-    loop = [line.strip() for line in LOOP.read_text().splitlines()]
+    loop = [line.strip() for line in LOOP_SCRIPT.read_text().splitlines()]
     position = 0
     for line in (raw.split("#")[0].strip() for raw in snippet.group(1).splitlines()):
         if not line or "..." in line or line.startswith(("import", "from")):

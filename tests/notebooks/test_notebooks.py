@@ -54,3 +54,22 @@ def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypa
     shown = {kind for c in nb.cells for o in c.get("outputs", []) for kind in o.get("data", {})}
     assert shown & {"application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"}, \
         f"{path.name} showed no figure"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes_on_a_folder_of_user_runs(path: Path, user_runs: Path, tmp_path: Path) -> None:
+    """Roles come from manifests: every notebook runs on runs a user's own loop recorded (no demo names,
+    no runner config); a question the folder cannot answer is one printed line, not an error."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env={**os.environ, "WORKBENCH_RUNS": str(user_runs)})  # raises on any cell's error
+    text = _text(nb)
+    assert "det-r0" not in text and "nondet-r" not in text
+    expected = {
+        "01-quick-start": ["first differ at step"],
+        "02-divergence-explorer": ["first divergent step"],
+        "05-resume-and-golden-checks": ["no resumed run here", "PASSED"],
+        "07-replay-and-bisect": ["no run here that the workbench trained"],
+    }.get(path.stem, [])
+    for snippet in expected:
+        assert snippet in text, f"{path.name}: {snippet!r} not in its outputs"

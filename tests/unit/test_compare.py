@@ -207,8 +207,10 @@ def test_study_findings_name_identical_repeats_and_first_differences() -> None:
             "nondet-r0": det,
             "nondet-r1": perturb(det, "nondet-r1", step=1, site="grad:embedding.word_embeddings.weight"),
             "tp2": perturb(det, "tp2", step=0, site="act:layers.0.mlp", factor=1.01)}
-    lines = study_findings(runs, reference="det-r0")
+    lines = study_findings(runs, reference="det-r0", repeats=[["det-r0", "det-r1"], ["nondet-r0", "nondet-r1"]])
     assert lines[0].startswith("repeats det-r0 vs det-r1: bitwise identical")
     assert "first differ at step 1, site grad:embedding.word_embeddings.weight" in lines[1]
-    assert lines[2].startswith("tp2 vs det-r0: first differ at step 0, site act:layers.0.mlp")
-    assert "nondeterministic repeats:" in lines[2]
+    assert lines[2].startswith("nondet-r0 vs det-r0: bitwise identical")  # a group's first run, against the reference
+    assert lines[3].startswith("tp2 vs det-r0: first differ at step 0, site act:layers.0.mlp")
+    assert "nondeterministic repeats:" in lines[3]
+    assert len(lines) == 4  # no repeat is compared with the reference: det-r1 and nondet-r1 were, with their first

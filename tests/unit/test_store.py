@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,19 @@ def test_running_store_of_a_dead_launcher_reads_interrupted(tmp_path: Path) -> N
     dead.wait()
     update_manifest(run_dir, launcher={"pid": dead.pid, "host": open_run(run_dir).manifest["host"]})
     assert open_run(run_dir).status == "interrupted"
+
+
+def test_a_run_written_on_another_host_is_judged_by_its_heartbeat(tmp_path: Path) -> None:
+    run_dir = write_synthetic_run(tmp_path / "r", status="running")
+    elsewhere = {"pid": 1, "host": "another-host"}
+    update_manifest(run_dir, launcher=elsewhere)
+    assert open_run(run_dir).status == "running"  # no heartbeat: nothing to judge by, the stored status stands
+    update_manifest(run_dir, heartbeat={"at": time.time(), "every_s": 30.0})
+    assert open_run(run_dir).status == "running"
+    update_manifest(run_dir, heartbeat={"at": time.time() - layout.heartbeat_grace(30.0) - 5, "every_s": 30.0})
+    assert open_run(run_dir).status == "interrupted"
+    update_manifest(run_dir, status="complete")
+    assert open_run(run_dir).status == "complete"  # a finished run is never judged
 
 
 def test_missing_path(tmp_path: Path) -> None:

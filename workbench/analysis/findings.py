@@ -1,30 +1,16 @@
 """Findings of a study in sentences: which runs repeat bitwise, where the others first differ.
 
-``study_findings`` takes the records of a study's runs by name and a reference run and
-compares every run with the reference (repeats with their first repeat; a resumed run from
-its resume step on); the demo prints the result. Pure: records in, sentences out.
+``study_findings`` takes the records of a study's runs by name, a reference run and the
+groups of repeats (``Workspace.repeat_groups``: read from the manifests, never from names),
+and compares every run with the reference (repeats with their first repeat; a resumed run
+from its resume step on); the demo prints the result. Pure: records in, sentences out.
 """
 
 from __future__ import annotations
 
-import re
-
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.records import RunRecords
 from workbench.analysis.resume import resume_check
-
-REPEAT = re.compile(r"^(?P<base>.+)-r(?P<index>\d+)$")
-"""Repeats of one configuration are named ``<base>-r<i>``."""
-
-
-def repeat_groups(names: list[str]) -> dict[str, list[str]]:
-    """Repeats by their base name, each group sorted (``det-r0``, ``det-r1`` under ``det``)."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        match = REPEAT.match(name)
-        if match:
-            groups.setdefault(match["base"], []).append(name)
-    return {base: sorted(group) for base, group in groups.items()}
 
 
 def _largest(result: Comparison) -> float:
@@ -41,18 +27,20 @@ def describe(result: Comparison, label: str) -> str:
             f"(origins: {origins}); at the last step the largest relative L2 difference is {_largest(result):.2e}")
 
 
-def study_findings(records: dict[str, RunRecords], reference: str) -> list[str]:
-    """One sentence per comparison: repeats against their first repeat, every other run against ``reference``."""
+def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]]) -> list[str]:
+    """One sentence per comparison: each group of ``repeats`` against its first run, every other run
+    against ``reference``."""
     lines = []
-    groups = repeat_groups(list(records))
-    for names in groups.values():
-        first, *others = names
+    groups = [[n for n in group if n in records] for group in repeats]
+    groups = [g for g in groups if len(g) > 1]
+    for first, *others in groups:
         for other in others:
             lines.append(describe(compare(records[first], records[other]), f"repeats {first} vs {other}"))
-    noise = [compare(records[n[0]], records[n[1]]) for n in groups.values() if len(n) > 1]
+    noise = [compare(records[g[0]], records[g[1]]) for g in groups]
     floor = max((_largest(r) for r in noise if not r.identical), default=None)
+    repeating = {n for g in groups for n in g[1:]}
     for name, run in records.items():
-        if name == reference or REPEAT.match(name):
+        if name == reference or name in repeating:
             continue
         if run.resumes:
             lines.append(resume_check(run, records[reference]).summary())
