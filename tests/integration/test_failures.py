@@ -83,6 +83,27 @@ def test_the_rank_that_failed_on_its_own_is_named_not_the_one_that_lost_its_peer
     assert _root_cause(ranks[:1]).rank == 0  # only consequential errors: the first is named
 
 
+def test_the_rank_at_fault_is_named_when_its_peer_exits_first(tmp_path: Path) -> None:
+    """The race seen under load: the rank that lost its peer exits first; the one at fault is still writing
+    its error. The launcher waits for it instead of stopping it before it has written its traceback."""
+    from workbench.runner.launch import _ProgressReader, _Rank, _watch
+
+    scripts = {0: "import sys; print('Traceback (most recent call last):\\nRuntimeError: Connection reset by peer');"
+                  " sys.exit(1)",
+               1: "import sys, time; time.sleep(3); print('Traceback (most recent call last):\\n"
+                  "RuntimeError: injected failure on rank 1'); sys.exit(1)"}
+    ranks = []
+    for rank, script in scripts.items():
+        log = tmp_path / f"rank{rank}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        ranks.append(_Rank(rank, process, log))
+    failed = _watch(ranks, _ProgressReader(ranks[0].log, None))
+    assert failed is not None and failed.rank == 1
+    assert all(r.process.poll() is not None for r in ranks)
+
+
 def test_sigkill_leaves_every_flushed_step_readable(tmp_path: Path) -> None:
     launcher, run_dir = _start_run(tmp_path, "long", 20, total=2000, batch=2, layers=2, seq=16,
                                    extra="flush_every = 5\n")

@@ -120,9 +120,24 @@ _CONSEQUENTIAL = ("Connection closed by peer", "Connection reset by peer", "remo
 """What a rank's error says when it failed because another rank did."""
 
 
+_TRACEBACK = "Traceback (most recent call last)"
+_PEER_WAIT_S = 15.0
+"""How long the launcher waits for the other ranks to end on their own when the first rank to fail
+only lost its peer."""
+
+
+def _log_text(log: Path) -> str:
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+def _consequential(rank: _Rank) -> bool:
+    """Whether a rank's error says it failed because another rank did."""
+    return any(mark in error_excerpt(rank.log) for mark in _CONSEQUENTIAL)
+
+
 def _root_cause(failed: list[_Rank]) -> _Rank:
     """The failed rank whose error is its own (not a lost peer), the lowest such; else the first."""
-    own = [r for r in failed if not any(mark in error_excerpt(r.log) for mark in _CONSEQUENTIAL)]
+    own = [r for r in failed if not _consequential(r)]
     return (own or failed)[0]
 
 
@@ -134,10 +149,15 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
             codes = [r.process.poll() for r in ranks]
             failed = [r for r, code in zip(ranks, codes) if code not in (None, 0)]
             if failed:
+                if all(_consequential(r) for r in failed):
+                    # Under load the rank that lost its peer may exit first, before the peer that failed has
+                    # written its own error: give the others a moment to end on their own.
+                    deadline = time.monotonic() + _PEER_WAIT_S
+                    while time.monotonic() < deadline and any(r.process.poll() is None for r in ranks):
+                        time.sleep(_POLL_S)
                 _stop(ranks)
-                # Under load the rank that lost its peer may exit first; name the one that failed on its own.
-                exited = [r for r in ranks if r.process.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGKILL)]
-                return _root_cause(exited or failed)
+                crashed = [r for r in ranks if _TRACEBACK in _log_text(r.log)]
+                return _root_cause(crashed or failed)
             if all(code == 0 for code in codes):
                 progress.poll()
                 return None
