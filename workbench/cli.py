@@ -6,10 +6,12 @@
     workbench ls DIR
     workbench study DIR
     workbench compare A B [--json]
-    workbench check RUN --golden REF [--steps N] [--rtol X]
+    workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
+    workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
+    workbench import-megatron LOGDIR --out DIR [--name NAME] [--tokens-per-step T]
     workbench anomalies RUN [--spike-factor F] [--window N] [--follow]
     workbench replay RUN --step K [--out DIR] [--trace] [--overwrite] [--json]
     workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
@@ -187,10 +189,46 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from workbench.analysis import golden_check
     from workbench.store.reader import open_run
 
-    check = golden_check(open_run(args.run).records(), open_run(args.golden).records(), steps=args.steps,
-                         rtol=args.rtol)
+    run = open_run(args.run)
+    if args.golden.suffix == ".json" or args.golden.is_file():  # a golden-values file, either format
+        from workbench.analysis.golden_values import golden_values_check, read_golden_values, weights_fingerprints
+
+        golden = read_golden_values(args.golden)
+        weights = weights_fingerprints(run.fingerprints()) if golden.weights is not None and run.has_sites else None
+        check = golden_values_check(run.scalars, weights, golden, run=run.name, rtol=args.rtol, steps=args.steps)
+    else:
+        check = golden_check(run.records(), open_run(args.golden).records(), steps=args.steps, rtol=args.rtol)
     print(check.summary())
     return 0 if check.passed else 1
+
+
+def _cmd_golden(args: argparse.Namespace) -> int:
+    from workbench.analysis.golden_values import (
+        megatron_golden_values,
+        weights_fingerprints,
+        workbench_golden_values,
+        write_golden_values,
+    )
+    from workbench.store.reader import open_run
+
+    run = open_run(args.run)
+    if args.megatron:
+        data = megatron_golden_values(run.scalars, steps=args.steps, interval=args.interval)
+    else:
+        weights = weights_fingerprints(run.fingerprints()) if run.has_sites else None
+        data = workbench_golden_values(run.scalars, weights, run=run.name, steps=args.steps)
+    path = write_golden_values(data, args.out)
+    print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, "
+          f"{'Megatron-LM format' if args.megatron else 'workbench format, bitwise'})")
+    return 0
+
+
+def _cmd_import_megatron(args: argparse.Namespace) -> int:
+    from workbench.importers.megatron_tb import import_megatron_tensorboard
+
+    run_dir = import_megatron_tensorboard(args.logdir, args.out, name=args.name, tokens_per_step=args.tokens_per_step)
+    print(f"imported {args.logdir} into {run_dir}")
+    return 0
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -320,11 +358,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = verbs.add_parser("check", help="check a run against a golden reference (exit 1 if it differs)")
     check.add_argument("run", type=Path)
-    check.add_argument("--golden", type=Path, required=True, help="the reference run")
+    check.add_argument("--golden", type=Path, required=True, help="the reference: a run, or a golden-values JSON "
+                       "file (Megatron-LM's format or the workbench's, from `workbench golden`)")
     check.add_argument("--steps", type=int, default=None, help="check the reference's steps below N")
     check.add_argument("--rtol", type=float, default=None, help="compare statistics within this relative "
                        "tolerance instead of fingerprints bitwise")
     check.set_defaults(func=_cmd_check)
+
+    golden = verbs.add_parser("golden", help="write a run's golden-values file for CI (a few KiB)")
+    golden.add_argument("run", type=Path)
+    golden.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    golden.add_argument("--megatron", action="store_true", help="Megatron-LM's functional-test format (1-based "
+                        "iterations, 5 decimals, no fingerprints) instead of the workbench's (full precision, "
+                        "weight fingerprints)")
+    golden.add_argument("--steps", type=int, default=None, help="the first N steps only")
+    golden.add_argument("--interval", type=int, default=1, help="with --megatron: every K-th iteration")
+    golden.set_defaults(func=_cmd_golden)
 
     resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
                               "resume step on (exit 1 if it differs)")
@@ -346,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
     te.add_argument("--out", type=Path, required=True, help="the run folder to create")
     te.add_argument("--name", default=None, help="run name (default: the folder's name)")
     te.set_defaults(func=_cmd_import_te)
+
+    mtb = verbs.add_parser("import-megatron", help="import Megatron-LM's TensorBoard scalars (lm loss, grad-norm, "
+                           "...) as a run")
+    mtb.add_argument("logdir", type=Path, help="the folder of events.out.tfevents.* files (--tensorboard-dir)")
+    mtb.add_argument("--out", type=Path, required=True, help="the run folder to create")
+    mtb.add_argument("--name", default=None, help="run name (default: the folder's name)")
+    mtb.add_argument("--tokens-per-step", type=int, default=None, help="global batch x sequence length, for tokens/s")
+    mtb.set_defaults(func=_cmd_import_megatron)
 
     anomalies = verbs.add_parser("anomalies", help="first NaN/Inf, loss spikes, gradient norms, update ratios "
                                  "(exit 1 if any)")

@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 
+FINGERPRINT_VERSION = 1
+"""Version of the fingerprint definition above; golden files that embed fingerprints carry it."""
+
 STAT_NAMES: tuple[str, ...] = ("count", "sum", "sum_sq", "min", "max", "absmax", "l2", "nan", "inf", "zero",
                                "underflow", "overflow")
 SUM_STATS: tuple[str, ...] = ("count", "sum", "sum_sq", "nan", "inf", "zero", "underflow", "overflow")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from workbench.analysis.compare import IncomparableRunsError, compare
 from workbench.analysis.records import RunRecords
@@ -42,19 +43,25 @@ class GoldenCheck:
     differences: list[Difference]
     scalars: tuple[str, ...] = ()
     """The per-step scalars that were checked (those the reference has)."""
+    mode: str | None = None
+    """How it was checked, where not by ``rtol`` alone (a Megatron-LM golden file)."""
+    notes: tuple[str, ...] = ()
+    """What was not checked, and why; steps a tolerance let fail."""
 
     @property
     def passed(self) -> bool:
         return not self.differences
 
     def summary(self, limit: int = 20) -> str:
-        mode = "bitwise" if self.rtol is None else f"rtol {self.rtol:g} of each quantity's own scale"
-        checked = f" and {', '.join(self.scalars)}" if self.scalars else ""
+        mode = self.mode or ("bitwise" if self.rtol is None else f"rtol {self.rtol:g} of each quantity's own scale")
+        checked = [f"{self.sites} sites"] if self.sites else []
+        checked += list(self.scalars)
         head = (f"golden check ({mode}) of {self.run} against {self.golden}: {len(self.steps)} steps x "
-                f"{self.sites} sites{checked}: ")
+                f"{' and '.join(checked) or 'nothing'}: ")
+        notes = [f"  note: {n}" for n in self.notes]
         if self.passed:
-            return head + "PASSED"
-        lines = [head + f"FAILED, {len(self.differences)} differences"]
+            return "\n".join([head + "PASSED", *notes])
+        lines = [head + f"FAILED, {len(self.differences)} differences", *notes]
         lines += [f"  step {d.step}: {d.site}: {d.detail}" for d in self.differences[:limit]]
         if len(self.differences) > limit:
             lines.append(f"  ... and {len(self.differences) - limit} more")
@@ -108,9 +115,14 @@ def _tolerant_sites(run: RunRecords, golden: RunRecords, steps: list[int], sites
 
 def _scalars(run: RunRecords, golden: RunRecords, steps: int | None,
              rtol: float | None) -> tuple[list[Difference], tuple[str, ...]]:
-    """Differences of the per-step scalars the reference has, on the steps both wrote."""
-    ours, theirs = run.scalars, golden.scalars
-    names = tuple(n for n in TOLERANCE_SCALARS if n in theirs and np.isfinite(theirs[n].to_numpy(float)).any())
+    return scalar_check(run.scalars, golden.scalars, TOLERANCE_SCALARS, steps, rtol)
+
+
+def scalar_check(ours: pd.DataFrame, theirs: pd.DataFrame, candidates: tuple[str, ...], steps: int | None,
+                 rtol: float | None) -> tuple[list[Difference], tuple[str, ...]]:
+    """Differences of the per-step scalars (of ``candidates``) the reference has, on the steps both wrote:
+    bitwise (NaN equal to NaN), or to ``rtol`` as ``workbench.analysis.tolerance`` defines it."""
+    names = tuple(n for n in candidates if n in theirs and np.isfinite(theirs[n].to_numpy(float)).any())
     ours_steps = set(ours.index)
     shared = [int(s) for s in theirs.index if (steps is None or s < steps) and s in ours_steps]
     found: list[Difference] = []

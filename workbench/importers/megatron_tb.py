@@ -1,0 +1,81 @@
+"""Megatron-LM's own TensorBoard scalars as a run: a team's existing runs beside recorded ones.
+
+    import_megatron_tensorboard("tb/", "runs/megatron-a", name="megatron-a")
+
+Megatron-LM's ``training.py`` writes per-iteration scalars tagged ``lm loss``, ``grad-norm``,
+``learning-rate``, ``loss-scale``, ``iteration-time``, ``num-zeros``, ... with the 1-based
+iteration as the TensorBoard step. They become the store's per-step scalars (iteration ``k``
+is step ``k - 1``; ``tokens_per_s`` from ``--tokens-per-step`` and the iteration time where
+given); every other scalar tag is kept in the manifest's ``imported.other_tags`` by name. The
+store has no per-site records (Megatron-LM logs none), so it appears in ``ls``, the
+trajectory figures, the noise floor of scalars and the cost chart, not in site comparisons.
+TensorBoard keeps scalars as float32. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from workbench.analysis.golden_values import MEGATRON_METRICS
+from workbench.importers.table import ImportFormatError, LogNotFoundError
+from workbench.importers.tensorboard import _require_tensorboard
+from workbench.store import layout
+from workbench.store.manifest import RunManifest, manifest_fields
+from workbench.store.writer import ScalarWriter, create_store, now, set_status
+
+FORMAT = "megatron-lm tensorboard"
+
+
+def read_megatron_scalars(logdir: str | os.PathLike[str]) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """Per store scalar, {iteration: value}; and the other scalar tags found."""
+    path = Path(logdir)
+    if not path.is_dir():
+        raise LogNotFoundError(f"{path}: no such folder; pass the folder that holds Megatron-LM's "
+                               "events.out.tfevents.* files (its --tensorboard-dir)")
+    _require_tensorboard("reading TensorBoard files")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = [str(t) for t in accumulator.Tags()["scalars"]]
+    values = {MEGATRON_METRICS[t]: {int(e.step): float(e.value) for e in accumulator.Scalars(t)}
+              for t in tags if t in MEGATRON_METRICS}
+    if "loss" not in values:
+        found = ", ".join(tags[:6]) if tags else "no scalars"
+        raise ImportFormatError(f"{path}: no 'lm loss' scalar ({found}); expected the TensorBoard logs "
+                                "Megatron-LM's training loop writes")
+    return values, [t for t in tags if t not in MEGATRON_METRICS]
+
+
+def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
+                                name: str | None = None, tokens_per_step: int | None = None) -> Path:
+    """Write a run store (scalars only) from Megatron-LM's TensorBoard logs in ``logdir``; returns its folder."""
+    values, other_tags = read_megatron_scalars(logdir)
+    iterations = sorted({k for series in values.values() for k in series})
+    if iterations[0] < 1:
+        raise ImportFormatError(f"{logdir}: iteration {iterations[0]}; Megatron-LM counts iterations from 1")
+    run_dir = Path(run_dir)
+    steps = iterations[-1]
+    run_name = name or run_dir.name
+    info = RunManifest(run_id=f"{run_name}-{uuid.uuid4().hex[:8]}", name=run_name, producer=f"import: {FORMAT}")
+    files = sorted(str(p) for p in Path(logdir).glob("*tfevents*"))
+    create_store(run_dir, {**manifest_fields(info), "status": layout.Status.CREATED, "started_at": now(),
+                           "resumes": [], "imported": {"format": FORMAT, "files": files, "other_tags": other_tags,
+                                                       "iterations": len(iterations),
+                                                       "note": "TensorBoard stores scalars as float32"}}, steps)
+    writer = ScalarWriter(run_dir, flush_every=max(1, steps))
+    for step in range(steps):  # every step written, NaN where not logged (Megatron logs every --log-interval)
+        row: dict[str, float] = {f: (0 if t.startswith("int") else math.nan) for f, t in layout.SCALAR_FIELDS.items()}
+        for scalar, series in values.items():
+            row[scalar] = series.get(step + 1, math.nan)
+        if tokens_per_step and np.isfinite(row["step_time"]) and row["step_time"] > 0:
+            row["tokens_per_s"] = tokens_per_step / row["step_time"]
+        writer.append(step, row)
+    writer.close()
+    set_status(run_dir, layout.Status.COMPLETE)
+    return run_dir
