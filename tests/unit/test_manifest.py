@@ -93,3 +93,30 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     assert ws.reference == "mine-a" and ws.runs["mine-a"].info.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
     assert main(["replay", str(a), "--step", "1"]) == 2
     assert "not by the workbench runner" in capsys.readouterr().err
+
+
+def test_the_live_manifest_reads_the_process_and_the_config() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from workbench.recorder.session import live_determinism, live_layout, live_precision
+    from workbench.store.manifest import ParallelLayout
+
+    config = SimpleNamespace(deterministic_mode=True, cross_entropy_loss_fusion=False, bf16=False, fp16=False,
+                             params_dtype=torch.float32, sequence_parallel=False)
+    assert live_layout(config) == ParallelLayout()  # parallel_state not initialised: one process
+    assert live_precision(config) == "fp32"
+    assert live_precision(SimpleNamespace(bf16=True)) == "bf16"
+    assert live_precision(SimpleNamespace(bf16=False, fp16=False, params_dtype=torch.float16)) == "fp16"
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        switches = live_determinism(config)
+        assert switches["deterministic"] is False and switches["torch_use_deterministic_algorithms"] is False
+        assert switches["transformer_config"] == {"deterministic_mode": True, "cross_entropy_loss_fusion": False}
+        torch.use_deterministic_algorithms(True)
+        assert live_determinism(config)["deterministic"] is True
+        assert live_determinism(SimpleNamespace(deterministic_mode=False))["deterministic"] is False
+    finally:
+        torch.use_deterministic_algorithms(before)
