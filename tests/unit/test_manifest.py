@@ -120,3 +120,12 @@ def test_the_live_manifest_reads_the_process_and_the_config() -> None:
         assert live_determinism(SimpleNamespace(deterministic_mode=False))["deterministic"] is False
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_a_v1_layout_and_its_v2_form_are_the_same_layout() -> None:
+    from workbench.store.manifest import ParallelLayout, parse_layout
+
+    v1 = {"tp": 2, "pp": 1, "dp": 2, "world_size": 4}
+    v2 = {"tp": 2, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "sp": False, "vp": None, "world_size": 4}
+    assert parse_layout(v1, "a") == parse_layout(v2, "b") == ParallelLayout(tp=2, dp=2)
+    assert parse_layout(v1, "a") != parse_layout({**v2, "ep": 2}, "b")

@@ -34,6 +34,7 @@ from workbench.data import SyntheticCorpus, rank_microbatch_indices
 from workbench.errors import CheckpointError
 from workbench.runner import cpu_compat
 from workbench.store import layout
+from workbench.store.manifest import parse_layout
 from workbench.store.reader import open_run
 from workbench.store.writer import ScalarWriter, update_manifest
 
@@ -218,7 +219,9 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
     if resume:
         start = checkpoint.latest_step(paths)
         meta = checkpoint.read_meta(paths, start)
-        if meta.get("layout") != manifest["layout"] or meta.get("config_hash") != manifest["config_hash"]:
+        # compared as typed layouts: a checkpoint of a schema v1 run holds fewer layout keys
+        layouts = [parse_layout(m.get("layout"), str(paths.checkpoint(start))) for m in (meta, manifest)]
+        if layouts[0] != layouts[1] or meta.get("config_hash") != manifest["config_hash"]:
             raise CheckpointError(f"checkpoint {paths.checkpoint(start)} was written by a different config or layout "
                                   "than this run's; resume it with the config it was trained with, or start afresh")
         trainer.restore(checkpoint.load(paths, start))

@@ -128,7 +128,8 @@ def _model(value: Any, source: str) -> ModelSignature | None:
     return ModelSignature(**fields, parameters=_require(value, "parameters", int, f"{source} (model)", optional=True))
 
 
-def _layout(value: Any, source: str) -> ParallelLayout:
+def parse_layout(value: Any, source: str) -> ParallelLayout:
+    """The typed layout of a manifest's ``layout`` mapping (schema v1 or v2; TP=PP=DP=1 when absent)."""
     if value is None:
         return ParallelLayout()
     if not isinstance(value, Mapping):
@@ -161,7 +162,7 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         deterministic = _require(config, "deterministic", bool, f"{source} (config)", optional=True)
         seed = _require(config, "seed", int, f"{source} (config)", optional=True)
     return RunManifest(
-        run_id=run_id, name=name, producer=producer, model=model, layout=_layout(attrs.get("layout"), source),
+        run_id=run_id, name=name, producer=producer, model=model, layout=parse_layout(attrs.get("layout"), source),
         precision=_require(attrs, "precision", str, source, optional=True), deterministic=deterministic, seed=seed,
         determinism=_require(attrs, "determinism", Mapping, source, optional=True) or {},
         user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config)
