@@ -33,6 +33,7 @@ from workbench.analysis.elementwise import ElementwiseDifference, elementwise_di
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
+from workbench.analysis.sweep import SweepMatrix, sweep_matrix
 from workbench.errors import RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
@@ -127,6 +128,10 @@ class Workspace:
             records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
             self._anomalies[(name, rules)] = find_anomalies(self.runs[name].scalars, records, rules)
         return self._anomalies[(name, rules)]
+
+    def sweep_matrix(self, names: Iterable[str] | None = None) -> SweepMatrix:
+        """The first divergent step of every pair of ``names`` (default: every recorded run)."""
+        return sweep_matrix(list(names) if names is not None else self.recorded, self.comparison)
 
     def comparison(self, a: str, b: str) -> Comparison:
         if (a, b) not in self._comparisons:

@@ -1,0 +1,73 @@
+"""The sweep matrix: every pair's first divergent step, identical runs grouped; its figure and widget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench.errors import ArgumentError
+from workbench.figures.sweep import sweep_figure
+from workbench.store.synthetic import write_synthetic_run
+from workbench.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    write_synthetic_run(root / "b-same", steps=12, sites=20)
+    write_synthetic_run(root / "a-base", steps=12, sites=20)
+    write_synthetic_run(root / "c-late", steps=12, sites=20, diverge_at=(7, 4))
+    write_synthetic_run(root / "d-early", steps=12, sites=20, diverge_at=(3, 0))
+    write_synthetic_run(root / "e-early-too", steps=12, sites=20, diverge_at=(3, 0))
+    return root
+
+
+def test_every_pair_has_its_first_divergent_step_and_identical_runs_are_grouped(folder: Path) -> None:
+    ws = Workspace.open(folder)
+    matrix = ws.sweep_matrix()
+    assert matrix.groups == [["a-base", "b-same"], ["d-early", "e-early-too"]]
+    assert matrix.names == ["a-base", "b-same", "c-late", "d-early", "e-early-too"]  # groups adjacent
+    steps = matrix.first_step
+    assert steps.loc["a-base", "c-late"] == 7 and steps.loc["c-late", "a-base"] == 7
+    assert steps.loc["b-same", "d-early"] == 3 and steps.loc["c-late", "d-early"] == 3
+    assert pd.isna(steps.loc["a-base", "b-same"]) and pd.isna(steps.loc["c-late", "c-late"])
+    assert matrix.identical.loc["d-early", "e-early-too"] and not matrix.identical.loc["a-base", "c-late"]
+    for a, b in [("a-base", "c-late"), ("b-same", "d-early")]:
+        assert steps.loc[a, b] == ws.comparison(a, b).first_step
+    table = matrix.table()
+    assert len(table) == 10 and set(table["verdict"]) == {"identical", "differ"}
+    with pytest.raises(ArgumentError, match="two or more runs"):
+        ws.sweep_matrix(["a-base"])
+
+
+def test_the_figure_marks_identical_cells_and_outlines_each_group(folder: Path) -> None:
+    matrix = Workspace.open(folder).sweep_matrix()
+    fig = sweep_figure(matrix)
+    steps = fig.data[1]
+    text = np.asarray(steps.text)
+    assert text[0, 1] == "=" and text[0, 2] == "7" and text[3, 0] == "3"
+    assert list(steps.customdata[0][2]) == ["a-base", "c-late"]
+    assert len(fig.layout.shapes) == 2
+
+
+def test_clicking_a_cell_opens_that_pair_in_the_explorer(folder: Path, tmp_path: Path) -> None:
+    from workbench.widgets.sweep import SweepMatrixWidget
+
+    widget = SweepMatrixWidget(folder)
+    assert "2 groups of bitwise identical runs" in widget.status.value
+    widget._on_click(None, SimpleNamespace(xs=["c-late"], ys=["a-base"]), None)
+    explorer = widget.explorer
+    assert explorer is not None and (explorer.reference.value, explorer.other.value) == ("a-base", "c-late")
+    assert "first divergence at step <b>7</b>" in explorer.status.value
+    widget._on_click(None, SimpleNamespace(xs=["d-early"], ys=["b-same"]), None)
+    assert widget.explorer is explorer and explorer.other.value == "d-early"
+    widget.export_folder.value, widget.export_formats.value = str(tmp_path), ("html",)
+    written = widget.export()
+    assert sorted(p.name for p in written) == ["sweep-matrix.csv", "sweep-matrix.html"]
+    assert len(pd.read_csv(tmp_path / "sweep-matrix.csv")) == 10
+    bad = SweepMatrixWidget(tmp_path / "absent")
+    assert "cannot show" in bad.status.value

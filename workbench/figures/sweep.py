@@ -1,0 +1,43 @@
+"""The sweep matrix as a figure: first divergent step of every pair, identical groups outlined.
+
+    sweep_figure(ws.sweep_matrix(), provenance=ws.provenance())
+
+Pure: a ``SweepMatrix`` in, a plotly figure out. Rows are run ``a``, columns run ``b``; a cell's
+``customdata`` is ``[a, b]`` (the widget opens that pair in the explorer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from workbench.analysis.sweep import SweepMatrix
+from workbench.figures.style import Provenance, apply_style
+
+IDENTICAL_COLOUR = "#d9d9d9"
+
+
+def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -> go.Figure:
+    names = matrix.names
+    steps = matrix.first_step.to_numpy(dtype="float64", na_value=np.nan)
+    identical = matrix.identical.to_numpy(dtype=bool)
+    text = np.where(identical, "=", np.where(np.isnan(steps), "×", np.nan_to_num(steps).astype(int).astype(str)))
+    pairs = np.array([[[a, b] for b in names] for a in names], dtype=object)
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(z=np.where(identical, 1.0, np.nan), x=names, y=names, showscale=False,
+                             colorscale=[[0, IDENTICAL_COLOUR], [1, IDENTICAL_COLOUR]], hoverinfo="skip",
+                             name="identical"))
+    fig.add_trace(go.Heatmap(
+        z=steps, x=names, y=names, text=text, texttemplate="%{text}", customdata=pairs, colorscale="Viridis",
+        colorbar=dict(title="first<br>divergent<br>step"), name="first divergent step",
+        hovertemplate="%{y} vs %{x}: first divergent step %{z}<extra></extra>"))
+    for group in matrix.groups:
+        first, last = names.index(group[0]), names.index(group[-1])
+        fig.add_shape(type="rect", x0=first - 0.5, x1=last + 0.5, y0=first - 0.5, y1=last + 0.5,
+                      line=dict(color="#333333", width=2))
+    fig.update_xaxes(tickangle=-45, side="bottom")
+    fig.update_yaxes(autorange="reversed")
+    groups = "; ".join(" = ".join(g) for g in matrix.groups) or "none"
+    size = 260 + 34 * len(names)
+    return apply_style(fig, title=f"first divergent step of every pair ('=' bitwise identical; groups: {groups})",
+                       provenance=provenance, height=size, width=size + 160)
