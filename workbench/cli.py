@@ -8,6 +8,7 @@
     workbench compare A B [--json]
     workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
     workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
+    workbench figure heatmap|sweep|trajectories RUNS... -o FILE.pdf [--size column|page] [--data FILE.csv]
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
@@ -223,6 +224,51 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_figure(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from workbench.errors import ArgumentError
+    from workbench.figures.export import FORMATS, export_figures
+    from workbench.figures.style import for_paper
+    from workbench.workspace import Workspace
+
+    fmt = args.out.suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        raise ArgumentError(f"-o {args.out}: the file's extension says the format, one of {', '.join(FORMATS)}")
+    ws = Workspace.open(*args.runs)
+    names = [p.resolve().name for p in args.runs]
+    if args.kind == "heatmap":
+        from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
+
+        if len(names) != 2:
+            raise ArgumentError(f"figure heatmap takes two runs (A B), not {len(names)}")
+        result = ws.comparison(names[0], names[1])
+        figure = divergence_heatmap(result, args.stat, provenance=ws.provenance(names))
+        data = heatmap_matrix(result, args.stat, relative=ws.relative_difference(names[0], names[1], args.stat))
+    elif args.kind == "sweep":
+        from workbench.figures.sweep import sweep_figure
+
+        matrix = ws.sweep_matrix()
+        figure, data = sweep_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table()
+    else:  # trajectories of a scalar
+        from workbench.figures.trajectories import trajectory_figure
+
+        chosen = names if all(n in ws.runs for n in names) else ws.names
+        series = ws.scalar(args.quantity, chosen)
+        figure = trajectory_figure(series, reference=chosen[0], quantity=args.quantity,
+                                   floor=ws.scalar_floor(args.quantity), provenance=ws.provenance(chosen))
+        data = pd.DataFrame(series)
+    if args.size != "screen":
+        figure = for_paper(figure, args.size)
+    (path,) = export_figures({args.out.stem: figure}, args.out.parent, [fmt])
+    print(f"wrote {path}")
+    if args.data is not None:
+        args.data.parent.mkdir(parents=True, exist_ok=True)
+        data.to_csv(args.data, index=args.kind != "sweep")
+        print(f"wrote {args.data} (the plotted data)")
+    return 0
+
+
 def _cmd_import_megatron(args: argparse.Namespace) -> int:
     from workbench.importers.megatron_tb import import_megatron_tensorboard
 
@@ -374,6 +420,19 @@ def build_parser() -> argparse.ArgumentParser:
     golden.add_argument("--steps", type=int, default=None, help="the first N steps only")
     golden.add_argument("--interval", type=int, default=1, help="with --megatron: every K-th iteration")
     golden.set_defaults(func=_cmd_golden)
+
+    figure = verbs.add_parser("figure", help="one figure without a notebook, sized for a screen or a paper")
+    figure.add_argument("kind", choices=("heatmap", "sweep", "trajectories"),
+                        help="heatmap A B: where two runs diverge; sweep DIR: every pair of a folder; "
+                        "trajectories RUN... or DIR: a scalar of each run")
+    figure.add_argument("runs", type=Path, nargs="+", help="run folders, or a folder of runs")
+    figure.add_argument("-o", "--out", type=Path, required=True, help="the file: .png, .svg, .pdf or .html")
+    figure.add_argument("--size", choices=("screen", "column", "page"), default="screen",
+                        help="column: ~3.5 in wide, page: ~7 in (fonts 7-8 pt); screen: as in the notebooks")
+    figure.add_argument("--data", type=Path, default=None, help="also write the plotted data as CSV")
+    figure.add_argument("--stat", default="l2", help="heatmap: the statistic (default l2)")
+    figure.add_argument("--quantity", default="loss", help="trajectories: the scalar (default loss)")
+    figure.set_defaults(func=_cmd_figure)
 
     resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
                               "resume step on (exit 1 if it differs)")

@@ -71,3 +71,41 @@ def test_clicking_a_cell_opens_that_pair_in_the_explorer(folder: Path, tmp_path:
     assert len(pd.read_csv(tmp_path / "sweep-matrix.csv")) == 10
     bad = SweepMatrixWidget(tmp_path / "absent")
     assert "cannot show" in bad.status.value
+
+
+def test_a_paper_sized_figure_has_print_fonts_no_title_and_the_footer_wrapped(folder: Path) -> None:
+    from workbench.figures.style import PAPER_WIDTHS_IN, PX_PER_IN, for_paper
+
+    ws = Workspace.open(folder)
+    fig = sweep_figure(ws.sweep_matrix(), provenance=ws.provenance())
+    for size, points in (("column", 7.0), ("page", 8.0)):
+        paper = for_paper(fig, size)
+        assert paper.layout.width == round(PAPER_WIDTHS_IN[size] * PX_PER_IN)
+        assert paper.layout.font.size == round(points * PX_PER_IN / 72, 1)
+        assert paper.layout.title.text is None
+        footer = next(a for a in paper.layout.annotations if a.name == "provenance")
+        assert "schema v2" in footer.text and "<br>" in footer.text
+    assert fig.layout.width != for_paper(fig, "column").layout.width  # a copy: the original is unchanged
+    with pytest.raises(ArgumentError, match="one of column, page"):
+        for_paper(fig, "poster")
+
+
+def test_the_figure_verb_writes_one_figure_and_its_data(folder: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main as cli
+    from workbench.figures.export import static_export_available
+
+    out = tmp_path / "figs"
+    assert cli(["figure", "sweep", str(folder), "-o", str(out / "sweep.html"), "--size", "column",
+                "--data", str(out / "sweep.csv")]) == 0
+    assert (out / "sweep.html").stat().st_size > 0 and len(pd.read_csv(out / "sweep.csv")) == 10
+    assert cli(["figure", "heatmap", str(folder / "a-base"), str(folder / "c-late"), "-o", str(out / "h.html"),
+                "--data", str(out / "h.csv")]) == 0
+    assert pd.read_csv(out / "h.csv", index_col=0).shape[0] == 20  # one row per site
+    assert cli(["figure", "trajectories", str(folder), "-o", str(out / "loss.html")]) == 0
+    assert cli(["figure", "heatmap", str(folder / "a-base"), "-o", str(out / "x.html")]) == 2
+    assert cli(["figure", "sweep", str(folder), "-o", str(out / "x.jpg")]) == 2
+    assert "two runs" in capsys.readouterr().err
+    if static_export_available() is not None:  # the static formats need a browser
+        assert cli(["figure", "sweep", str(folder), "-o", str(out / "sweep.pdf"), "--size", "page"]) == 0
+        assert (out / "sweep.pdf").read_bytes().startswith(b"%PDF")

@@ -60,6 +60,71 @@ def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = N
     return fig
 
 
+PAPER_WIDTHS_IN: dict[str, float] = {"column": 3.5, "page": 7.0}
+"""Figure widths for a paper: one column, and the full width of a two-column page."""
+PX_PER_IN = 96  # plotly's and the PDF renderer's CSS pixels per inch
+_PAPER_FONT_PT = {"column": 7.0, "page": 8.0}
+
+
+def for_paper(fig: go.Figure, size: str) -> go.Figure:
+    """``fig`` resized to a paper width (``PAPER_WIDTHS_IN``: "column" ~3.5 in, "page" ~7 in) with fonts
+    that read at print size (7-8 pt), the aspect ratio and the provenance footer kept; a copy.
+
+    The title is left out (a paper's caption says what a figure shows); the legend goes above the
+    plot, the footer is wrapped under it, annotations, markers and colour bars shrink with the fonts."""
+    if size not in PAPER_WIDTHS_IN:
+        from workbench.errors import ArgumentError
+
+        raise ArgumentError(f"size {size!r}: one of {', '.join(PAPER_WIDTHS_IN)}")
+    out = go.Figure(fig)
+    width = round(PAPER_WIDTHS_IN[size] * PX_PER_IN)
+    old_width, old_height = out.layout.width or 900, out.layout.height or 520
+    height = round(width * min(max(old_height / old_width, 0.6), 1.2))
+    font = round(_PAPER_FONT_PT[size] * PX_PER_IN / 72, 1)
+    small = round(font * 0.8, 1)
+    shrink = font / FONT["size"]
+    footer_chars = int(0.55 * width / (0.55 * small))  # the plot area is at least ~55 % of the width
+    footers = [a for a in out.layout.annotations if a.name == "provenance"]
+    footer_lines = _wrap(str(footers[0].text), footer_chars).count("<br>") + 1 if footers else 0
+    entries = [t for t in out.data if t.showlegend is not False and t.name] if out.layout.showlegend is not False \
+        else []
+    top = round((1.6 * len(entries) + 0.8) * font)  # room for one entry per line, the worst case
+    bottom = round(4.0 * font + footer_lines * 1.3 * small)
+    out.update_layout(width=width, height=height + top + bottom, font=dict(size=font), title=None,
+                      margin=dict(l=round(4.5 * font), r=round(1.5 * font), t=top, b=bottom),
+                      legend=dict(font=dict(size=font), orientation="h", x=0, xanchor="left", y=1.0,
+                                  yanchor="bottom"))
+    for annotation in out.layout.annotations:
+        if annotation.name == "provenance":
+            annotation.update(text=_wrap(str(annotation.text), footer_chars), font=dict(size=small),
+                              yshift=-bottom + 2)
+        else:
+            annotation.update(font=dict(size=font))
+    for trace in out.data:
+        marker = getattr(trace, "marker", None)
+        if marker is not None and isinstance(marker.size, int | float):
+            marker.size = max(3.0, marker.size * shrink)
+        if hasattr(trace, "colorbar"):
+            trace.colorbar.update(thickness=max(6, round(font)), title=dict(font=dict(size=font)),
+                                  tickfont=dict(size=font))
+    return out
+
+
+def _wrap(text: str, chars: int) -> str:
+    """``text`` with ``<br>`` breaks so that no line is longer than ``chars`` (words kept whole)."""
+    lines = []
+    for line in text.split("<br>"):
+        current = ""
+        for word in line.split(" "):
+            if current and len(current) + 1 + len(word) > chars:
+                lines.append(current)
+                current = word
+            else:
+                current = f"{current} {word}" if current else word
+        lines.append(current)
+    return "<br>".join(lines)
+
+
 def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[float], *,  # type: ignore[type-arg]
                row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
                log: bool = False) -> None:

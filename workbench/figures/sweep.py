@@ -12,9 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.analysis.sweep import SweepMatrix
-from workbench.figures.style import Provenance, apply_style
-
-IDENTICAL_COLOUR = "#d9d9d9"
+from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, Provenance, apply_style
 
 
 def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -> go.Figure:
@@ -25,10 +23,10 @@ def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -
     pairs = np.array([[[a, b] for b in names] for a in names], dtype=object)
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=np.where(identical, 1.0, np.nan), x=names, y=names, showscale=False,
-                             colorscale=[[0, IDENTICAL_COLOUR], [1, IDENTICAL_COLOUR]], hoverinfo="skip",
+                             colorscale=[[0, EQUAL_COLOUR], [1, EQUAL_COLOUR]], hoverinfo="skip",
                              name="identical"))
     fig.add_trace(go.Heatmap(
-        z=steps, x=names, y=names, text=text, texttemplate="%{text}", customdata=pairs, colorscale="Viridis",
+        z=steps, x=names, y=names, text=text, texttemplate="%{text}", customdata=pairs, colorscale=SEQUENTIAL,
         colorbar=dict(title="first<br>divergent<br>step"), name="first divergent step",
         hovertemplate="%{y} vs %{x}: first divergent step %{z}<extra></extra>"))
     for group in matrix.groups:
@@ -37,7 +35,7 @@ def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -
                       line=dict(color="#333333", width=2))
     fig.update_xaxes(tickangle=-45, side="bottom")
     fig.update_yaxes(autorange="reversed")
-    groups = "; ".join(" = ".join(g) for g in matrix.groups) or "none"
     size = 260 + 34 * len(names)
-    return apply_style(fig, title=f"first divergent step of every pair ('=' bitwise identical; groups: {groups})",
+    groups = f"{len(matrix.groups)} group{'s' if len(matrix.groups) != 1 else ''} of identical runs outlined"
+    return apply_style(fig, title=f"first divergent step of every pair ('=' bitwise identical; {groups})",
                        provenance=provenance, height=size, width=size + 160)
