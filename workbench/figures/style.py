@@ -22,7 +22,8 @@ SEQUENTIAL = "Cividis"
 EQUAL_COLOUR = "#e8e8e8"
 """Background of a heatmap where runs are bitwise equal."""
 FLOOR_COLOUR = "rgba(120, 120, 120, 0.22)"
-FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=13, color="#222222")
+FONT_SIZE = 13
+FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE, color="#222222")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
     height = round(width * min(max(old_height / old_width, 0.6), 1.2))
     font = round(_PAPER_FONT_PT[size] * PX_PER_IN / 72, 1)
     small = round(font * 0.8, 1)
-    shrink = font / FONT["size"]
+    shrink = font / FONT_SIZE
     footer_chars = int(0.55 * width / (0.55 * small))  # the plot area is at least ~55 % of the width
     footers = [a for a in out.layout.annotations if a.name == "provenance"]
     footer_lines = _wrap(str(footers[0].text), footer_chars).count("<br>") + 1 if footers else 0

@@ -26,8 +26,10 @@ from workbench.figures.style import Provenance, apply_style, colour, floor_band
 def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,
                       floor: tuple[pd.Series, pd.Series] | None = None, quantity: str = "loss",
                       log_y: bool = False, provenance: Provenance | None = None,
-                      title: str | None = None, anomalies: pd.DataFrame | None = None) -> go.Figure:
-    """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``."""
+                      title: str | None = None, anomalies: pd.DataFrame | None = None,
+                      relative: bool = False) -> go.Figure:
+    """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``
+    (``relative``: the difference divided by the reference's magnitude, signed)."""
     if reference is not None and reference not in series:
         raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
@@ -43,16 +45,21 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
     if with_diff:
         assert reference is not None
         ref = series[reference]
+
+        def difference(values: pd.Series) -> pd.Series:
+            base = ref.reindex(values.index)
+            return (values - base) / base.abs() if relative else values - base
+
         if floor is not None:
-            floor_band(fig, list(floor[0].index), floor[0] - ref.reindex(floor[0].index),
-                       floor[1] - ref.reindex(floor[1].index), row=2, show=False)
+            floor_band(fig, list(floor[0].index), difference(floor[0]), difference(floor[1]), row=2, show=False)
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue
-            diff = (values - ref.reindex(values.index)).dropna()
+            diff = difference(values).replace([float("inf"), float("-inf")], float("nan")).dropna()
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
                                      showlegend=False, line=dict(color=colour(i), width=1.5)), row=2, col=1)
-        fig.update_yaxes(title=f"minus {reference}", exponentformat="power", row=2, col=1)
+        fig.update_yaxes(title=f"relative to {reference}" if relative else f"minus {reference}",
+                         exponentformat="power", row=2, col=1)
     apply_style(fig, title=title or f"{quantity} of {len(series)} runs", provenance=provenance,
                 height=600 if with_diff else 460)
     fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ class DivergenceExplorer(widgets.VBox):
             control.observe(lambda _: self.update(), names="value")
         self.export_button.on_click(lambda _: self.export())
         self._quiet = False
+        self.site_listeners: list[Callable[[str, str, list[str]], None]] = []
+        """Called with (site, statistic, [reference, other]) when a heatmap cell is clicked."""
         self.open_runs(self.directory.value, reference=reference, other=other)
 
     # -- data ------------------------------------------------------------------------
@@ -176,6 +179,8 @@ class DivergenceExplorer(widgets.VBox):
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs and points.ys:
             self.show_site(str(points.ys[0]), int(points.xs[0]))
+            for listener in self.site_listeners:
+                listener(str(points.ys[0]), self.stat.value, [self.reference.value, self.other.value])
 
     def show_site(self, site: str, step: int) -> None:
         """The linked views for one heatmap cell: the site's statistic over steps, and its snapshots."""

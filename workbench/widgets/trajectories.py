@@ -1,0 +1,175 @@
+"""The trajectory widget: any scalar, or any site's statistic, of several runs against a reference.
+
+    from workbench.widgets.trajectories import TrajectoryWidget
+    TrajectoryWidget("data/runs/demo")               # runs, quantity, reference, panels, ranges
+    trajectories.follow(explorer)                    # a click on the explorer's heatmap opens that site here
+
+Controls: the runs (several), the quantity (a per-step scalar, or "site statistic" with a site
+and a statistic), the reference, the difference panel (absolute or relative), log scale,
+the step range, the noise-floor band and the anomalies marked. Export writes the figure
+(PNG / SVG / PDF / HTML) and the plotted series as CSV. Only wiring lives here: data from
+``Workspace``, the figure from ``workbench.figures.trajectories``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.errors import WorkbenchError
+from workbench.figures.trajectories import trajectory_figure
+from workbench.statistics import STAT_NAMES
+from workbench.store.layout import SCALAR_FIELDS
+from workbench.widgets.explorer import EXPORT_FORMATS, DivergenceExplorer
+from workbench.workspace import Workspace, runs_dir
+
+SITE_STATISTIC = "site statistic"
+_SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("float")]
+
+
+class TrajectoryWidget(widgets.VBox):
+    def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
+                 quantity: str = "loss", site: str | None = None, stat: str = "l2") -> None:
+        super().__init__()
+        style = {"description_width": "initial"}
+        self.workspace: Workspace | None = None
+        self.last_update_s = 0.0
+        self.status = widgets.HTML()
+        self.runs = widgets.SelectMultiple(description="runs", rows=6, style=style)
+        self.reference = widgets.Dropdown(description="reference", style=style)
+        self.quantity = widgets.Dropdown(options=[*_SCALARS, SITE_STATISTIC], value=quantity if quantity in
+                                         _SCALARS else SITE_STATISTIC, description="quantity", style=style)
+        self.site = widgets.Combobox(description="site", placeholder="kind:name", ensure_option=True, style=style,
+                                     layout=widgets.Layout(width="420px"))
+        self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
+        self.difference = widgets.ToggleButtons(options=["absolute", "relative"], value="absolute",
+                                                description="difference", style=style)
+        self.log_y = widgets.Checkbox(value=False, description="log scale", indent=False)
+        self.floor = widgets.Checkbox(value=True, description="noise floor", indent=False)
+        self.anomalies = widgets.Checkbox(value=False, description="anomalies", indent=False)
+        self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
+                                            continuous_update=False, layout=widgets.Layout(width="420px"))
+        self.figure = go.FigureWidget()
+        self.export_folder = widgets.Text(value="figures", description="export to")
+        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
+                                                     description="formats")
+        self.export_button = widgets.Button(description="export figure and CSV", icon="download")
+        self.export_button.on_click(lambda _: self.export())
+        self.children = [
+            widgets.HBox([self.runs, widgets.VBox([self.reference, self.quantity, self.site, self.stat])]),
+            widgets.HBox([self.difference, self.log_y, self.floor, self.anomalies]),
+            self.steps, self.status, self.figure,
+            widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
+        ]
+        self._quiet = True
+        self.open_runs(directory or runs_dir(), runs=runs, site=site)
+        for control in (self.runs, self.reference, self.quantity, self.site, self.stat, self.difference,
+                        self.log_y, self.floor, self.anomalies, self.steps):
+            control.observe(lambda _: self.update(), names="value")
+        self._quiet = False
+        self.update()
+
+    def open_runs(self, directory: str | Path, *, runs: list[str] | None = None, site: str | None = None) -> None:
+        try:
+            workspace = Workspace.open(directory)
+        except WorkbenchError as err:
+            self.status.value = f"<b>cannot open {directory}</b>: {err}"
+            return
+        quiet, self._quiet = self._quiet, True
+        self.workspace = workspace
+        chosen = [n for n in (runs or [workspace.reference, *workspace.floor_runs, *workspace.others][:6])
+                  if n in workspace.runs]
+        self.runs.options = workspace.names
+        self.runs.value = tuple(dict.fromkeys(chosen))
+        self.reference.options = workspace.names
+        self.reference.value = chosen[0] if chosen else workspace.names[0]
+        sites = sorted({s for n in workspace.recorded for s in workspace.runs[n].site_table().index})
+        self.site.options = sites
+        self.site.value = site if site in sites else (sites[0] if sites else "")
+        last = max((workspace.runs[n].steps_completed for n in workspace.names), default=1) - 1
+        self.steps.max, self.steps.min = max(last, 0), 0
+        self.steps.value = (0, max(last, 0))
+        self._quiet = quiet
+
+    def series(self) -> dict[str, pd.Series]:
+        """The plotted series, run name -> values by step, within the step range."""
+        assert self.workspace is not None
+        names = list(self.runs.value)
+        if self.quantity.value == SITE_STATISTIC:
+            data = self.workspace.site_series(self.site.value, self.stat.value,
+                                              [n for n in names if n in self.workspace.recorded])
+        else:
+            data = self.workspace.scalar(self.quantity.value, names)
+        low, high = self.steps.value
+        return {name: values.loc[low:high] for name, values in data.items()}
+
+    def update(self) -> None:
+        if self._quiet or self.workspace is None:
+            return
+        start = time.perf_counter()
+        series = self.series()
+        if not series:
+            self.status.value = "choose runs (with per-site records for a site statistic)"
+            return
+        reference = self.reference.value if self.reference.value in series else next(iter(series))
+        site_mode = self.quantity.value == SITE_STATISTIC
+        quantity = f"{self.stat.value} of {self.site.value}" if site_mode else self.quantity.value
+        floor = None
+        if self.floor.value and not site_mode:
+            floor = self.workspace.scalar_floor(self.quantity.value)
+        elif self.floor.value and self.workspace.floor_runs:
+            band = pd.DataFrame(self.workspace.site_series(self.site.value, self.stat.value,
+                                                           self.workspace.floor_runs))
+            floor = (band.min(axis=1), band.max(axis=1)) if not band.empty else None
+        if floor is not None:
+            low, high = self.steps.value
+            floor = (floor[0].loc[low:high], floor[1].loc[low:high])
+        marks = None
+        if self.anomalies.value:
+            tables = [self.workspace.anomalies(n).assign(run=n) for n in series]
+            marks = pd.concat(tables, ignore_index=True) if tables else None
+        figure = trajectory_figure(series, reference=reference, floor=floor, quantity=quantity,
+                                   log_y=self.log_y.value, relative=self.difference.value == "relative",
+                                   anomalies=marks, provenance=self.workspace.provenance(list(series)))
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.layout = figure.layout
+            self.figure.add_traces(figure.data)
+        self.last_update_s = time.perf_counter() - start
+        self.status.value = (f"{quantity}: {len(series)} runs against {reference} "
+                             f"(updated in {1000 * self.last_update_s:.0f} ms)")
+
+    def show_site(self, site: str, stat: str | None = None, runs: list[str] | None = None) -> None:
+        """Show one site's statistic (from a click elsewhere, e.g. the divergence explorer)."""
+        quiet, self._quiet = self._quiet, True
+        if runs:
+            self.runs.value = tuple(r for r in runs if r in self.runs.options)
+            self.reference.value = runs[0]
+        self.quantity.value = SITE_STATISTIC
+        if stat is not None:
+            self.stat.value = stat
+        self.site.value = site
+        self._quiet = quiet
+        self.update()
+
+    def follow(self, explorer: DivergenceExplorer) -> None:
+        """Open here every site clicked in ``explorer``'s heatmap (with its pair of runs and statistic)."""
+        explorer.site_listeners.append(lambda site, stat, runs: self.show_site(site, stat, runs))
+
+    def export(self) -> list[Path]:
+        from workbench.figures.export import export_figures
+
+        try:
+            written = export_figures({"trajectories": go.Figure(self.figure)}, self.export_folder.value,
+                                     self.export_formats.value)
+        except WorkbenchError as err:
+            self.status.value = f"<b>export failed</b>: {err}"
+            return []
+        csv = Path(self.export_folder.value) / "trajectories.csv"
+        pd.DataFrame(self.series()).to_csv(csv, index_label="step")
+        self.status.value = f"wrote {len(written) + 1} files to {Path(self.export_folder.value).resolve()}"
+        return [*written, csv]
