@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 
@@ -34,7 +35,7 @@ from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
-from workbench.errors import RunNotFoundError
+from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.manifest import RUNNER
@@ -249,12 +250,28 @@ class Workspace:
         repeats = [n for n in self.floor_runs if n != self.reference]
         return ladder(self.records(self.reference), [self.records(n) for n in repeats]) if repeats else None
 
-    def cost(self) -> pd.DataFrame:
-        """Determinism tax per configuration (``analysis.cost.determinism_cost``)."""
-        return determinism_cost([ThroughputSample(run.info.configuration(), bool(run.info.deterministic),
-                                                  run.scalars.tokens_per_s.to_numpy())
-                                 for name, run in self.runs.items()
-                                 if name not in self.faulted and run.info.deterministic is not None])
+    def cost(self, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0,
+             configs: Iterable[str] | None = None) -> pd.DataFrame:
+        """Determinism tax per configuration (``analysis.cost.determinism_cost``), from tokens per second
+        (the recorder's time left out) or, with ``measure="step_time"``, from steps per second."""
+        if measure not in ("tokens_per_s", "step_time"):
+            raise ArgumentError(f"measure {measure!r}: tokens_per_s or step_time")
+        wanted = set(configs) if configs is not None else None
+
+        def rate(run: Run) -> np.ndarray:
+            values = run.scalars[measure].to_numpy(dtype=float)
+            return values if measure == "tokens_per_s" else 1.0 / values
+
+        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), rate(run))
+                   for name, run in self.runs.items()
+                   if name not in self.faulted and run.info.deterministic is not None
+                   and (wanted is None or run.info.configuration() in wanted)]
+        return determinism_cost(samples, warmup=warmup, interval=interval)
+
+    @property
+    def configurations(self) -> list[str]:
+        """The configurations (apart from the determinism switch) of the runs, for the cost view."""
+        return sorted({r.info.configuration() for n, r in self.runs.items() if n not in self.faulted})
 
     # -- views -----------------------------------------------------------------------
 

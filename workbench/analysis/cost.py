@@ -5,8 +5,9 @@ the runner) after a warm-up. Per configuration the tax is
 
     tax % = (median default tokens/s / median deterministic tokens/s - 1) x 100
 
-positive when deterministic mode is slower. The 95 % interval comes from resampling the
-steps of each side with replacement.
+positive when deterministic mode is slower. The interval (95 % by default) comes from
+resampling the steps of each side with replacement. Any rate works in place of tokens per
+second (``Workspace.cost`` also measures steps per second, from the step time).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from workbench.errors import ArgumentError
 
 COLUMNS = ["config", "deterministic_tokens_per_s", "default_tokens_per_s", "tax_percent", "ci_low", "ci_high",
            "steps_deterministic", "steps_default"]
@@ -34,8 +37,13 @@ def _tax(det: np.ndarray, default: np.ndarray) -> float:
 
 
 def determinism_cost(samples: list[ThroughputSample], *, warmup: int = 2, resamples: int = 2000,
-                     seed: int = 0) -> pd.DataFrame:
-    """One row per configuration that has both deterministic and default runs (``COLUMNS``)."""
+                     seed: int = 0, interval: float = 95.0) -> pd.DataFrame:
+    """One row per configuration that has both deterministic and default runs (``COLUMNS``); the
+    bootstrap interval covers ``interval`` percent."""
+    if not 0 < interval < 100:
+        raise ArgumentError(f"interval = {interval!r}: a percentage between 0 and 100")
+    if warmup < 0:
+        raise ArgumentError(f"warmup = {warmup!r}: a number of steps >= 0")
     rng = np.random.default_rng(seed)
     rows = []
     for config in sorted({s.config for s in samples}):
@@ -46,7 +54,7 @@ def determinism_cost(samples: list[ThroughputSample], *, warmup: int = 2, resamp
         if len(det) == 0 or len(default) == 0:
             continue
         boot = [_tax(rng.choice(det, len(det)), rng.choice(default, len(default))) for _ in range(resamples)]
-        low, high = np.percentile(boot, [2.5, 97.5])
+        low, high = np.percentile(boot, [50 - interval / 2, 50 + interval / 2])
         rows.append([config, float(np.median(det)), float(np.median(default)), _tax(det, default), float(low),
                      float(high), len(det), len(default)])
     return pd.DataFrame(rows, columns=COLUMNS)

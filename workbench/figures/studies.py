@@ -81,11 +81,12 @@ def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step
     return fig
 
 
-def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None) -> go.Figure:
-    """Left: median tokens/s per configuration, deterministic vs default. Right: the tax in % with its
-    95 % bootstrap interval."""
+def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None, rate: str = "tokens per second",
+                interval: float = 95.0) -> go.Figure:
+    """Left: the median rate (tokens/s, or steps/s) per configuration, deterministic vs default. Right: the
+    tax in % with its bootstrap interval."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
-                        subplot_titles=("tokens per second (median)", "determinism tax (95% interval)"))
+                        subplot_titles=(f"{rate} (median)", f"determinism tax ({interval:g}% interval)"))
     configs = cost["config"].tolist()
     sides = (("deterministic_tokens_per_s", "deterministic", 0), ("default_tokens_per_s", "default", 1))
     for column, label, i in sides:
@@ -98,6 +99,6 @@ def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None) -> 
     fig.add_hline(y=0, line=dict(color="#999999", width=1), row=1, col=2)
     apply_style(fig, title="what deterministic mode costs, per configuration", provenance=provenance, height=480)
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title="tokens/s", col=1)
+    fig.update_yaxes(title=rate, col=1)
     fig.update_yaxes(title="tax %", col=2)
     return fig

@@ -150,6 +150,10 @@ class TrainingRun:
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)
             self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
+            device = next(model.parameters()).device
+            self._runtime = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                             "backend": dist.get_backend() if dist.is_initialized() else None,
+                             "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda}
             self._scalars: ScalarWriter | None = None
             if self._rank == 0:
                 self._create_store(user_config)
@@ -175,6 +179,7 @@ class TrainingRun:
             "host": host,
             "git_revision": git_revision(Path.cwd()),
             "working_directory": str(Path.cwd()),
+            "runtime": self._runtime,
             "launcher": {"pid": os.getpid(), "host": host},
             "heartbeat": {"at": time.time(), "every_s": self._heartbeat_s},
             "started_at": now(),
