@@ -241,14 +241,16 @@ class Workspace:
 
     # -- analysis over several runs ----------------------------------------------------
 
-    def ladder(self, names: Iterable[str]) -> Ladder:
-        """``names`` against the reference, per layer, with the noise floor."""
-        return ladder(self.records(self.reference), [self.records(n) for n in names], floor=self.floor)
+    def ladder(self, names: Iterable[str], *, reference: str | None = None, stat: str = "l2") -> Ladder:
+        """``names`` against the reference (default: the workspace's), per layer, with the noise floor."""
+        return ladder(self.records(reference or self.reference), [self.records(n) for n in names], floor=self.floor,
+                      stat=stat)
 
-    def noise_ladder(self) -> Ladder | None:
+    def noise_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
         """The noise-floor runs against the reference: how far apart mere repeats drift."""
-        repeats = [n for n in self.floor_runs if n != self.reference]
-        return ladder(self.records(self.reference), [self.records(n) for n in repeats]) if repeats else None
+        reference = reference or self.reference
+        repeats = [n for n in self.floor_runs if n != reference]
+        return ladder(self.records(reference), [self.records(n) for n in repeats], stat=stat) if repeats else None
 
     def cost(self, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0,
              configs: Iterable[str] | None = None) -> pd.DataFrame:

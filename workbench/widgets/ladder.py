@@ -1,0 +1,156 @@
+"""The precision / layout widget: runs against a reference, layer by layer, with the noise floor.
+
+    from workbench.widgets.ladder import LadderWidget
+    LadderWidget("data/runs/demo")                   # precisions, layouts, ... against the reference
+
+Controls: the reference, the runs compared with it, the statistic and the layer range. The
+figure is the ladder (``workbench.figures.studies.ladder_figure``: relative difference per
+layer at the last step, and over steps) with the noise floor of nondeterministic repeats;
+clicking a run's point at a layer opens a divergence explorer below on that pair, filtered to
+that layer's sites, where clicking a site shows its trajectories and, where snapshots exist,
+the element-wise comparison. Export writes the figure and the per-layer table as CSV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from workbench.analysis.ladder import Ladder, layer_order
+from workbench.errors import WorkbenchError
+from workbench.figures.studies import ladder_figure
+from workbench.statistics import STAT_NAMES
+from workbench.widgets.explorer import EXPORT_FORMATS, DivergenceExplorer
+from workbench.workspace import Workspace, runs_dir
+
+
+class LadderWidget(widgets.VBox):
+    def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
+                 stat: str = "l2") -> None:
+        super().__init__()
+        style = {"description_width": "initial"}
+        self.directory = str(directory or runs_dir())
+        self.workspace: Workspace | None = None
+        self.ladder: Ladder | None = None
+        self.reference = widgets.Dropdown(description="reference", style=style)
+        self.runs = widgets.SelectMultiple(description="compared runs", rows=6, style=style)
+        self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
+        self.layers = widgets.IntRangeSlider(description="layers", min=0, max=0, value=(0, 0), style=style,
+                                             continuous_update=False)
+        self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
+        self.status = widgets.HTML()
+        self.figure = go.FigureWidget()
+        self.export_folder = widgets.Text(value="figures", description="export to")
+        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
+                                                     description="formats")
+        self.export_button = widgets.Button(description="export figure and CSV", icon="download")
+        self.export_button.on_click(lambda _: self.export())
+        self.explorer_box = widgets.VBox()
+        self.explorer: DivergenceExplorer | None = None
+        self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers]),
+                                       self.runs]),
+                         self.status, self.figure,
+                         widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
+                         self.explorer_box]
+        self._quiet = True
+        self.open_runs(self.directory, runs=runs)
+        for control in (self.reference, self.runs, self.stat, self.layers, self.outside_layers):
+            control.observe(lambda _: self.update(), names="value")
+        self._quiet = False
+        self.update()
+
+    def open_runs(self, directory: str | Path, *, runs: list[str] | None = None) -> None:
+        try:
+            workspace = Workspace.open(directory)
+        except WorkbenchError as err:
+            self.status.value = f"<b>cannot open {directory}</b>: {err}"
+            return
+        if len(workspace.recorded) < 2:
+            self.status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
+            return
+        self.directory, self.workspace = str(directory), workspace
+        self.reference.options, self.reference.value = workspace.recorded, workspace.reference
+        self.runs.options = [n for n in workspace.recorded]
+        chosen = runs or workspace.others or [n for n in workspace.recorded if n != workspace.reference][:3]
+        self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.reference)
+        numbered = [int(lb[1:]) for lb in self._labels(workspace) if lb[0] == "L" and lb[1:].isdigit()]
+        self.layers.max, self.layers.min = max(numbered, default=0), 0
+        self.layers.value = (0, max(numbered, default=0))
+
+    @staticmethod
+    def _labels(workspace: Workspace) -> list[str]:
+        from workbench.analysis.ladder import layer_label
+
+        return layer_order(sorted({layer_label(s) for s in workspace.records(workspace.reference).sites}))
+
+    def _kept(self, label: str) -> bool:
+        if label[0] == "L" and label[1:].isdigit():
+            return self.layers.value[0] <= int(label[1:]) <= self.layers.value[1]
+        return bool(self.outside_layers.value)
+
+    def update(self) -> None:
+        if self._quiet or self.workspace is None:
+            return
+        reference = self.reference.value
+        names = [n for n in self.runs.value if n != reference]
+        if not names:
+            self.status.value = "choose one or more runs to compare with the reference"
+            return
+        full = self.workspace.ladder(names, reference=reference, stat=self.stat.value)
+        self.ladder = dataclasses.replace(full, per_layer=full.per_layer[full.per_layer["layer"].map(self._kept)])
+        noise = self.workspace.noise_ladder(reference=reference, stat=self.stat.value)
+        if noise is not None:
+            noise = dataclasses.replace(noise, per_layer=noise.per_layer[noise.per_layer["layer"].map(self._kept)])
+        figure = ladder_figure(self.ladder, noise=noise, provenance=self.workspace.provenance([reference, *names]))
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.layout = figure.layout
+            self.figure.add_traces(figure.data)
+        for trace in self.figure.data:
+            if trace.name in names and trace.xaxis in (None, "x"):
+                trace.on_click(self._on_click)
+        self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
+                             "layer to see that layer's sites")
+
+    def _on_click(self, trace: Any, points: Any, state: Any) -> None:
+        if points.xs:
+            self.open_layer(str(trace.name), str(points.xs[0]))
+
+    def open_layer(self, run: str, layer: str) -> DivergenceExplorer:
+        """The divergence explorer on (reference, ``run``), filtered to the sites of ``layer``."""
+        reference = self.reference.value
+        if self.explorer is None:
+            self.explorer = DivergenceExplorer(self.directory, reference=reference, other=run)
+            self.explorer_box.children = [self.explorer]
+        else:
+            self.explorer.open_runs(self.directory, reference=reference, other=run)
+        explorer = self.explorer
+        explorer.stat.value = self.stat.value
+        if layer[0] == "L" and layer[1:].isdigit():
+            explorer.site_glob.value = "*"
+            explorer.layers.value = (int(layer[1:]), int(layer[1:]))
+            explorer.outside_layers.value = False
+        else:
+            explorer.outside_layers.value = True
+            explorer.site_glob.value = "loss:*" if layer == "loss" else f"*:{layer}*"
+        return explorer
+
+    def export(self) -> list[Path]:
+        from workbench.figures.export import export_figures
+
+        if self.ladder is None:
+            return []
+        try:
+            written = export_figures({"ladder": go.Figure(self.figure)}, self.export_folder.value,
+                                     self.export_formats.value)
+        except WorkbenchError as err:
+            self.status.value = f"<b>export failed</b>: {err}"
+            return []
+        csv = Path(self.export_folder.value) / "ladder.csv"
+        self.ladder.per_layer.to_csv(csv, index=False)
+        self.status.value = f"wrote {len(written) + 1} files to {Path(self.export_folder.value).resolve()}"
+        return [*written, csv]
