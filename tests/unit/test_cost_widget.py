@@ -54,7 +54,7 @@ def test_the_controls_change_the_tax_and_its_interval(folder: Path, tmp_path: Pa
     widget.configs.value = ()
     assert widget.table.empty
     widget.configs.value = widget.configs.options
-    widget.export_folder.value, widget.export_formats.value = str(tmp_path), ("html",)
+    widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path), ("html",)
     assert sorted(p.name for p in widget.export()) == ["determinism-cost.csv", "determinism-cost.html"]
     assert len(pd.read_csv(tmp_path / "determinism-cost.csv")) == 1
 

@@ -45,7 +45,7 @@ def test_controls_change_the_ladder(folder: Path, tmp_path: Path) -> None:
     widget.reference.value = "layout"
     assert widget.ladder.reference == "layout"
     assert len(numbered) > 1
-    widget.export_folder.value, widget.export_formats.value = str(tmp_path), ("html",)
+    widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path), ("html",)
     assert sorted(p.name for p in widget.export()) == ["ladder.csv", "ladder.html"]
     assert set(pd.read_csv(tmp_path / "ladder.csv")["layer"]) == {"L0"}
 

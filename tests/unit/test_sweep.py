@@ -65,12 +65,12 @@ def test_clicking_a_cell_opens_that_pair_in_the_explorer(folder: Path, tmp_path:
     assert "first divergence at step <b>7</b>" in explorer.status.value
     widget._on_click(None, SimpleNamespace(xs=["d-early"], ys=["b-same"]), None)
     assert widget.explorer is explorer and explorer.other.value == "d-early"
-    widget.export_folder.value, widget.export_formats.value = str(tmp_path), ("html",)
+    widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path), ("html",)
     written = widget.export()
     assert sorted(p.name for p in written) == ["sweep-matrix.csv", "sweep-matrix.html"]
     assert len(pd.read_csv(tmp_path / "sweep-matrix.csv")) == 10
     bad = SweepMatrixWidget(tmp_path / "absent")
-    assert "cannot show" in bad.status.value
+    assert "cannot open" in bad.status.value
 
 
 def test_a_paper_sized_figure_has_print_fonts_no_title_and_the_footer_wrapped(folder: Path) -> None:

@@ -47,7 +47,7 @@ def test_controls_change_what_is_plotted(folder: Path, tmp_path: Path) -> None:
     assert widget.figure.layout.yaxis2.title.text == "relative to base"
     widget.log_y.value = True
     assert widget.figure.layout.yaxis.type == "log"
-    widget.export_folder.value, widget.export_formats.value = str(tmp_path), ("html",)
+    widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path), ("html",)
     written = widget.export()
     assert sorted(p.name for p in written) == ["trajectories.csv", "trajectories.html"]
     assert list(pd.read_csv(tmp_path / "trajectories.csv", index_col="step").index) == [3, 4, 5, 6, 7]
@@ -62,6 +62,15 @@ def test_a_click_in_the_explorer_opens_that_site_here(folder: Path) -> None:
     assert widget.quantity.value == SITE_STATISTIC and widget.site.value == site
     assert widget.runs.value == ("base", "early") and widget.reference.value == "base"
     assert f"of {site}" in widget.status.value
+
+
+def test_the_explorer_exports_its_figures_and_the_heatmap_data(folder: Path, tmp_path: Path) -> None:
+    explorer = DivergenceExplorer(folder, reference="base", other="late")
+    explorer.export_bar.folder.value, explorer.export_bar.formats.value = str(tmp_path), ("html",)
+    names = sorted(p.name for p in explorer.export())
+    assert names == ["divergence-heatmap.csv", "divergence-heatmap.html", "site-detail.html"]
+    data = pd.read_csv(tmp_path / "divergence-heatmap.csv", index_col=0)
+    assert data.shape[0] == 12 and "wrote 3 files" in explorer.status.value  # one row per site
 
 
 def test_a_folder_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:

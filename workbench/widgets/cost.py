@@ -18,9 +18,8 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.errors import WorkbenchError
 from workbench.figures.studies import cost_figure
-from workbench.widgets.explorer import EXPORT_FORMATS
+from workbench.widgets.common import ExportBar, open_workspace, show
 from workbench.workspace import Workspace, runs_dir
 
 MEASURES = {"tokens/s (recorder excluded)": "tokens_per_s", "steps/s (from the step time)": "step_time"}
@@ -44,14 +43,10 @@ class CostWidget(widgets.VBox):
         self.caveat = widgets.HTML()
         self.figure = go.FigureWidget()
         self.numbers = widgets.Output()
-        self.export_folder = widgets.Text(value="figures", description="export to")
-        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
-                                                     description="formats")
-        self.export_button = widgets.Button(description="export figure and CSV", icon="download")
-        self.export_button.on_click(lambda _: self.export())
+        self.export_bar = ExportBar(self.status, lambda: None if not self.figure.data else (
+            {"determinism-cost": go.Figure(self.figure)}, {"determinism-cost": self.table}))
         self.children = [widgets.HBox([self.configs, widgets.VBox([self.measure, self.warmup, self.interval])]),
-                         self.status, self.caveat, self.figure, self.numbers,
-                         widgets.HBox([self.export_folder, self.export_formats, self.export_button])]
+                         self.status, self.caveat, self.figure, self.numbers, self.export_bar]
         self._quiet = True
         self.open_runs(directory or runs_dir())
         for control in (self.configs, self.measure, self.warmup, self.interval):
@@ -60,10 +55,8 @@ class CostWidget(widgets.VBox):
         self.update()
 
     def open_runs(self, directory: str | Path) -> None:
-        try:
-            self.workspace = Workspace.open(directory)
-        except WorkbenchError as err:
-            self.status.value = f"<b>cannot open {directory}</b>: {err}"
+        self.workspace = open_workspace(directory, self.status)
+        if self.workspace is None:
             return
         configs = self.workspace.configurations
         self.configs.options, self.configs.value = configs, tuple(configs)
@@ -80,10 +73,7 @@ class CostWidget(widgets.VBox):
         rate = "tokens per second" if measure == "tokens_per_s" else "steps per second"
         figure = cost_figure(self.table, provenance=self.workspace.provenance(), rate=rate,
                              interval=self.interval.value)
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.layout = figure.layout
-            self.figure.add_traces(figure.data)
+        show(self.figure, figure)
         self.numbers.clear_output()
         with self.numbers:
             print(self.table.to_string(index=False, float_format=lambda x: f"{x:.2f}") if not self.table.empty
@@ -91,15 +81,4 @@ class CostWidget(widgets.VBox):
         self.status.value = f"{len(self.table)} configurations with both modes ({rate})"
 
     def export(self) -> list[Path]:
-        from workbench.figures.export import export_figures
-
-        try:
-            written = export_figures({"determinism-cost": go.Figure(self.figure)}, self.export_folder.value,
-                                     self.export_formats.value)
-        except WorkbenchError as err:
-            self.status.value = f"<b>export failed</b>: {err}"
-            return []
-        csv = Path(self.export_folder.value) / "determinism-cost.csv"
-        self.table.to_csv(csv, index=False)
-        self.status.value = f"wrote {len(written) + 1} files to {Path(self.export_folder.value).resolve()}"
-        return [*written, csv]
+        return self.export_bar.export()

@@ -5,7 +5,7 @@
 
 Controls: the runs folder, the reference and the compared run, the statistic, a site filter
 (glob, kinds, layer range), the step range, and an export button that writes the current
-figures to a folder as PNG / SVG / PDF / HTML. Views: the divergence heatmap; clicking a
+figures to a folder as PNG / SVG / PDF / HTML and the heatmap's data as CSV. Views: the divergence heatmap; clicking a
 cell shows that site's statistic over steps in both runs and, where both runs have
 snapshots of it at that step, the element-wise comparison. Only wiring lives here: data
 comes from ``Workspace``, figures from ``workbench.figures``. ``last_update_s`` holds the
@@ -31,9 +31,8 @@ from workbench.figures.studies import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_of, split_site
 from workbench.statistics import STAT_NAMES
+from workbench.widgets.common import ExportBar, Exported, open_workspace, show
 from workbench.workspace import Workspace, runs_dir
-
-EXPORT_FORMATS = ("png", "svg", "pdf", "html")
 
 
 class DivergenceExplorer(widgets.VBox):
@@ -60,11 +59,8 @@ class DivergenceExplorer(widgets.VBox):
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             layout=wide, continuous_update=False)
-        self.export_folder = widgets.Text(value="figures", description="export to", style=style)
-        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
-                                                     description="formats", style=style)
-        self.export_button = widgets.Button(description="export figures", icon="download")
         self.status = widgets.HTML()
+        self.export_bar = ExportBar(self.status, self._exported)
         self.heatmap = go.FigureWidget()
         self.detail = go.FigureWidget()
         self.snapshot_view = widgets.Output()
@@ -73,13 +69,12 @@ class DivergenceExplorer(widgets.VBox):
             widgets.HBox([self.reference, self.other, self.stat]),
             widgets.HBox([widgets.VBox([self.site_glob, self.layers, self.outside_layers, self.steps]), self.kinds]),
             self.status, self.heatmap, self.detail, self.snapshot_view,
-            widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
+            self.export_bar,
         ]
         self.open_button.on_click(lambda _: self.open_runs(self.directory.value))
         for control in (self.reference, self.other, self.stat, self.site_glob, self.kinds, self.layers,
                         self.outside_layers, self.steps):
             control.observe(lambda _: self.update(), names="value")
-        self.export_button.on_click(lambda _: self.export())
         self._quiet = False
         self.site_listeners: list[Callable[[str, str, list[str]], None]] = []
         """Called with (site, statistic, [reference, other]) when a heatmap cell is clicked."""
@@ -89,13 +84,8 @@ class DivergenceExplorer(widgets.VBox):
 
     def open_runs(self, directory: str | Path, *, reference: str | None = None, other: str | None = None) -> None:
         """Open a runs folder and fill the controls from it."""
-        try:
-            workspace = Workspace.open(directory)
-        except WorkbenchError as err:
-            self.status.value = f"<b>cannot open {directory}</b>: {err}"
-            return
-        if len(workspace.recorded) < 2:
-            self.status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
+        workspace = open_workspace(directory, self.status, pairs=True)
+        if workspace is None:
             return
         self.workspace, self._matrices = workspace, {}
         reference = reference or workspace.reference
@@ -149,10 +139,7 @@ class DivergenceExplorer(widgets.VBox):
         matrix = full.loc[rows, low:high]
         figure = divergence_heatmap(result, self.stat.value, matrix=matrix,
                                     provenance=self.workspace.provenance([result.a, result.b]))
-        with self.heatmap.batch_update():
-            self.heatmap.data = ()
-            self.heatmap.layout = figure.layout
-            self.heatmap.add_traces(figure.data)
+        show(self.heatmap, figure)
         self.heatmap.data[0].on_click(self._on_click)
         verdict = ("bitwise identical" if result.identical else
                    f"first divergence at step <b>{result.first_step}</b>, site <b>{result.first_site}</b>; "
@@ -191,10 +178,7 @@ class DivergenceExplorer(widgets.VBox):
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
         figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
-        with self.detail.batch_update():
-            self.detail.data = ()
-            self.detail.layout = figure.layout
-            self.detail.add_traces(figure.data)
+        show(self.detail, figure)
         self.snapshot_view.clear_output()
         differences = self.workspace.snapshot_differences(a, b, step, [site])
         with self.snapshot_view:
@@ -211,13 +195,14 @@ class DivergenceExplorer(widgets.VBox):
             shown["site-detail"] = go.Figure(self.detail)
         return shown
 
-    def export(self) -> list[Path]:
-        from workbench.figures.export import export_figures
+    def _exported(self) -> Exported | None:
+        if self.workspace is None:
+            return None
+        matrix = self._matrix()
+        rows = self.selected_sites(list(matrix.index))
+        low, high = self.steps.value
+        return self.figures(), {"divergence-heatmap": matrix.loc[rows, low:high]}
 
-        try:
-            written = export_figures(self.figures(), self.export_folder.value, self.export_formats.value)
-        except WorkbenchError as err:
-            self.status.value = f"<b>export failed</b>: {err}"
-            return []
-        self.status.value = f"wrote {len(written)} files to {Path(self.export_folder.value).resolve()}"
-        return written
+    def export(self) -> list[Path]:
+        """Write the figures shown (PNG / SVG / PDF / HTML) and the heatmap's data as CSV."""
+        return self.export_bar.export()

@@ -21,10 +21,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.analysis.ladder import Ladder, layer_order
-from workbench.errors import WorkbenchError
 from workbench.figures.studies import ladder_figure
 from workbench.statistics import STAT_NAMES
-from workbench.widgets.explorer import EXPORT_FORMATS, DivergenceExplorer
+from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.widgets.explorer import DivergenceExplorer
 from workbench.workspace import Workspace, runs_dir
 
 
@@ -44,18 +44,13 @@ class LadderWidget(widgets.VBox):
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.status = widgets.HTML()
         self.figure = go.FigureWidget()
-        self.export_folder = widgets.Text(value="figures", description="export to")
-        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
-                                                     description="formats")
-        self.export_button = widgets.Button(description="export figure and CSV", icon="download")
-        self.export_button.on_click(lambda _: self.export())
+        self.export_bar = ExportBar(self.status, lambda: None if self.ladder is None else (
+            {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}))
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
         self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers]),
                                        self.runs]),
-                         self.status, self.figure,
-                         widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
-                         self.explorer_box]
+                         self.status, self.figure, self.export_bar, self.explorer_box]
         self._quiet = True
         self.open_runs(self.directory, runs=runs)
         for control in (self.reference, self.runs, self.stat, self.layers, self.outside_layers):
@@ -64,13 +59,8 @@ class LadderWidget(widgets.VBox):
         self.update()
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None) -> None:
-        try:
-            workspace = Workspace.open(directory)
-        except WorkbenchError as err:
-            self.status.value = f"<b>cannot open {directory}</b>: {err}"
-            return
-        if len(workspace.recorded) < 2:
-            self.status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
+        workspace = open_workspace(directory, self.status, pairs=True)
+        if workspace is None:
             return
         self.directory, self.workspace = str(directory), workspace
         self.reference.options, self.reference.value = workspace.recorded, workspace.reference
@@ -106,10 +96,7 @@ class LadderWidget(widgets.VBox):
         if noise is not None:
             noise = dataclasses.replace(noise, per_layer=noise.per_layer[noise.per_layer["layer"].map(self._kept)])
         figure = ladder_figure(self.ladder, noise=noise, provenance=self.workspace.provenance([reference, *names]))
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.layout = figure.layout
-            self.figure.add_traces(figure.data)
+        show(self.figure, figure)
         for trace in self.figure.data:
             if trace.name in names and trace.xaxis in (None, "x"):
                 trace.on_click(self._on_click)
@@ -140,17 +127,4 @@ class LadderWidget(widgets.VBox):
         return explorer
 
     def export(self) -> list[Path]:
-        from workbench.figures.export import export_figures
-
-        if self.ladder is None:
-            return []
-        try:
-            written = export_figures({"ladder": go.Figure(self.figure)}, self.export_folder.value,
-                                     self.export_formats.value)
-        except WorkbenchError as err:
-            self.status.value = f"<b>export failed</b>: {err}"
-            return []
-        csv = Path(self.export_folder.value) / "ladder.csv"
-        self.ladder.per_layer.to_csv(csv, index=False)
-        self.status.value = f"wrote {len(written) + 1} files to {Path(self.export_folder.value).resolve()}"
-        return [*written, csv]
+        return self.export_bar.export()

@@ -20,11 +20,11 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.errors import WorkbenchError
 from workbench.figures.trajectories import trajectory_figure
 from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
-from workbench.widgets.explorer import EXPORT_FORMATS, DivergenceExplorer
+from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.widgets.explorer import DivergenceExplorer
 from workbench.workspace import Workspace, runs_dir
 
 SITE_STATISTIC = "site statistic"
@@ -54,16 +54,12 @@ class TrajectoryWidget(widgets.VBox):
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             continuous_update=False, layout=widgets.Layout(width="420px"))
         self.figure = go.FigureWidget()
-        self.export_folder = widgets.Text(value="figures", description="export to")
-        self.export_formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
-                                                     description="formats")
-        self.export_button = widgets.Button(description="export figure and CSV", icon="download")
-        self.export_button.on_click(lambda _: self.export())
+        self.export_bar = ExportBar(self.status, lambda: None if not self.figure.data else (
+            {"trajectories": go.Figure(self.figure)}, {"trajectories": pd.DataFrame(self.series())}))
         self.children = [
             widgets.HBox([self.runs, widgets.VBox([self.reference, self.quantity, self.site, self.stat])]),
             widgets.HBox([self.difference, self.log_y, self.floor, self.anomalies]),
-            self.steps, self.status, self.figure,
-            widgets.HBox([self.export_folder, self.export_formats, self.export_button]),
+            self.steps, self.status, self.figure, self.export_bar,
         ]
         self._quiet = True
         self.open_runs(directory or runs_dir(), runs=runs, site=site)
@@ -74,10 +70,8 @@ class TrajectoryWidget(widgets.VBox):
         self.update()
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None, site: str | None = None) -> None:
-        try:
-            workspace = Workspace.open(directory)
-        except WorkbenchError as err:
-            self.status.value = f"<b>cannot open {directory}</b>: {err}"
+        workspace = open_workspace(directory, self.status)
+        if workspace is None:
             return
         quiet, self._quiet = self._quiet, True
         self.workspace = workspace
@@ -135,10 +129,7 @@ class TrajectoryWidget(widgets.VBox):
         figure = trajectory_figure(series, reference=reference, floor=floor, quantity=quantity,
                                    log_y=self.log_y.value, relative=self.difference.value == "relative",
                                    anomalies=marks, provenance=self.workspace.provenance(list(series)))
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.layout = figure.layout
-            self.figure.add_traces(figure.data)
+        show(self.figure, figure)
         self.last_update_s = time.perf_counter() - start
         self.status.value = (f"{quantity}: {len(series)} runs against {reference} "
                              f"(updated in {1000 * self.last_update_s:.0f} ms)")
@@ -161,15 +152,4 @@ class TrajectoryWidget(widgets.VBox):
         explorer.site_listeners.append(lambda site, stat, runs: self.show_site(site, stat, runs))
 
     def export(self) -> list[Path]:
-        from workbench.figures.export import export_figures
-
-        try:
-            written = export_figures({"trajectories": go.Figure(self.figure)}, self.export_folder.value,
-                                     self.export_formats.value)
-        except WorkbenchError as err:
-            self.status.value = f"<b>export failed</b>: {err}"
-            return []
-        csv = Path(self.export_folder.value) / "trajectories.csv"
-        pd.DataFrame(self.series()).to_csv(csv, index_label="step")
-        self.status.value = f"wrote {len(written) + 1} files to {Path(self.export_folder.value).resolve()}"
-        return [*written, csv]
+        return self.export_bar.export()

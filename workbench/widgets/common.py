@@ -1,0 +1,85 @@
+"""What every widget shares: showing a figure in place, and the export bar (figures and CSV).
+
+    show(self.figure, sweep_figure(...))
+    self.export_bar = ExportBar(self.status, lambda: ({"sweep-matrix": go.Figure(self.figure)},
+                                                      {"sweep-matrix": matrix.table()}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.errors import WorkbenchError
+
+if TYPE_CHECKING:
+    from workbench.workspace import Workspace
+
+EXPORT_FORMATS = ("png", "svg", "pdf", "html")
+
+Exported = tuple[Mapping[str, go.Figure], Mapping[str, pd.DataFrame]]
+"""Figures by file name, and the plotted data by file name (written as ``<name>.csv``)."""
+
+
+def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool = False) -> Workspace | None:
+    """The folder's workspace, or None with the reason on ``status`` (with ``pairs``: two recorded runs needed)."""
+    from workbench.workspace import Workspace
+
+    try:
+        workspace = Workspace.open(directory)
+    except WorkbenchError as err:
+        status.value = f"<b>cannot open {directory}</b>: {err}"
+        return None
+    if pairs and len(workspace.recorded) < 2:
+        status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
+        return None
+    return workspace
+
+
+def show(target: go.FigureWidget, figure: go.Figure) -> None:
+    """Replace what ``target`` shows with ``figure`` in one update."""
+    with target.batch_update():
+        target.data = ()
+        target.layout = figure.layout
+        target.add_traces(figure.data)
+
+
+class ExportBar(widgets.HBox):
+    """Folder, formats and a button that writes what ``exported()`` returns; reports on ``status``."""
+
+    def __init__(self, status: widgets.HTML, exported: Callable[[], Exported | None]) -> None:
+        super().__init__()
+        self.status = status
+        self.exported = exported
+        self.folder = widgets.Text(value="figures", description="export to", style={"description_width": "initial"})
+        self.formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
+                                              description="formats", style={"description_width": "initial"})
+        self.button = widgets.Button(description="export figures and CSV", icon="download")
+        self.button.on_click(lambda _: self.export())
+        self.children = [self.folder, self.formats, self.button]
+
+    def export(self) -> list[Path]:
+        """Write the figures in the chosen formats and the data as CSV; the paths written."""
+        from workbench.figures.export import export_figures
+
+        content = self.exported()
+        if content is None:
+            self.status.value = "nothing to export yet"
+            return []
+        figures, tables = content
+        try:
+            written = export_figures(dict(figures), self.folder.value, self.formats.value)
+        except WorkbenchError as err:
+            self.status.value = f"<b>export failed</b>: {err}"
+            return []
+        for name, table in tables.items():
+            path = Path(self.folder.value) / f"{name}.csv"
+            table.to_csv(path, index=not isinstance(table.index, pd.RangeIndex))
+            written.append(path)
+        self.status.value = f"wrote {len(written)} files to {Path(self.folder.value).resolve()}"
+        return written
