@@ -1,4 +1,4 @@
-"""Update latency of the divergence explorer on a 10,000-step x 1,000-site pair of runs.
+"""Update latency of the widgets on a 10,000-step x 1,000-site pair of runs.
 
     python benchmarks/widget_latency.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
 
@@ -6,7 +6,8 @@ Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py``
 Python side of each interaction (filters, binning, figure build, FigureWidget update;
 median of ``--repeats``); the browser's own rendering is not included. A new statistic is
 timed both the first time (its site x step matrix is computed from the lazy store) and
-when cached.
+when cached. Then the trajectory, ladder, cost and sweep-matrix widgets: each one's opening,
+and each control's change (wall time of the change, first time and median of the repeats).
 """
 
 from __future__ import annotations
@@ -70,6 +71,56 @@ def main() -> None:
     print(f"\n{args.steps} steps x {args.sites} sites, median of {args.repeats} (Python side):")
     for label, seconds in rows:
         print(f"  {label:<48} {1000 * seconds:8.0f} ms")
+    other_widgets(a, b, site, args)
+
+
+def changes(control, values: list, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def, type-arg]
+    """(first change, median of the later ones) in seconds, alternating ``values``."""
+    samples = []
+    for i in range(1 + repeats):
+        start = time.perf_counter()
+        control.value = values[i % len(values)]
+        samples.append(time.perf_counter() - start)
+    return samples[0], statistics.median(samples[1:])
+
+
+def other_widgets(a: Path, b: Path, site: str, args: argparse.Namespace) -> None:
+    from workbench.widgets.cost import CostWidget
+    from workbench.widgets.ladder import LadderWidget
+    from workbench.widgets.sweep import SweepMatrixWidget
+    from workbench.widgets.trajectories import SITE_STATISTIC, TrajectoryWidget
+
+    rows: list[tuple[str, float, float | None]] = []
+    for label, make in (("trajectories", lambda: TrajectoryWidget(a.parent, runs=[a.name, b.name])),
+                        ("ladder", lambda: LadderWidget(a.parent, runs=[b.name])),
+                        ("cost", lambda: CostWidget(a.parent)),
+                        ("sweep matrix", lambda: SweepMatrixWidget(a.parent))):
+        start = time.perf_counter()
+        widget = make()
+        rows.append((f"{label}: open", time.perf_counter() - start, None))
+        if label == "trajectories":
+            rows.append(("trajectories: quantity -> site statistic",
+                         *changes(widget.quantity, [SITE_STATISTIC, "loss"], args.repeats)))
+            widget.quantity.value = SITE_STATISTIC
+            other = widget.site.options[len(widget.site.options) // 3]
+            rows.append(("trajectories: site", *changes(widget.site, [site, other], args.repeats)))
+            rows.append(("trajectories: statistic", *changes(widget.stat, ["max", "l2"], args.repeats)))
+            rows.append(("trajectories: relative difference",
+                         *changes(widget.difference, ["relative", "absolute"], args.repeats)))
+            rows.append(("trajectories: step range",
+                         *changes(widget.steps, [(3_000, 6_000), (0, args.steps - 1)], args.repeats)))
+        elif label == "ladder":
+            rows.append(("ladder: statistic", *changes(widget.stat, ["max", "l2"], args.repeats)))
+            top = widget.layers.max
+            rows.append(("ladder: layer range", *changes(widget.layers, [(2, 5), (0, top)], args.repeats)))
+        elif label == "cost":
+            rows.append(("cost: warm-up", *changes(widget.warmup, [5, 2], args.repeats)))
+            rows.append(("cost: interval", *changes(widget.interval, [90.0, 95.0], args.repeats)))
+    print(f"\nother widgets, {args.steps} steps x {args.sites} sites (wall time; first change, then the median "
+          f"of {args.repeats}):")
+    for label, first, later in rows:
+        median = f"{1000 * later:8.0f} ms" if later is not None else ""
+        print(f"  {label:<48} {1000 * first:8.0f} ms {median}")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ def test_a_loop_that_raises_leaves_a_failed_store(tmp_path: Path) -> None:
     assert run.status == "failed"
     assert "the loop failed at step 2" in run.manifest["error"]["message"]
     assert run.steps_completed == 2
+    assert run.recorded_steps_completed == 2  # one process: its site rows need no reduction, none is lost
 
 
 def test_kinds_asked_for_and_never_seen_are_a_warning_and_in_the_manifest(tmp_path: Path) -> None:

@@ -240,11 +240,13 @@ class TrainingRun:
 
     def close(self, error: BaseException | None = None) -> None:
         """End the run: ``complete``; with ``error``, ``failed`` (``interrupted`` for Ctrl-C) and no
-        collective, since other ranks may never reach one."""
+        collective, since other ranks may never reach one: the per-site rows not yet reduced over
+        ranks are lost then (a one-process run keeps them all)."""
         failed = error is not None
+        alone = not (dist.is_initialized() and dist.get_world_size() > 1)  # a flush needs no other rank
         try:
             self._flush_scalars(gather=not failed)
-            self.recorder.close(flush=not failed)
+            self.recorder.close(flush=not failed or alone)
         finally:
             self._stop_heartbeat.set()
             if self._heartbeat is not None:

@@ -36,6 +36,7 @@ class LadderWidget(widgets.VBox):
         self.directory = str(directory or runs_dir())
         self.workspace: Workspace | None = None
         self.ladder: Ladder | None = None
+        self._ladders: dict[tuple[str, tuple[str, ...], str], tuple[Ladder, Ladder | None]] = {}
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.runs = widgets.SelectMultiple(description="compared runs", rows=6, style=style)
         self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
@@ -62,7 +63,7 @@ class LadderWidget(widgets.VBox):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.directory, self.workspace = str(directory), workspace
+        self.directory, self.workspace, self._ladders = str(directory), workspace, {}
         self.reference.options, self.reference.value = workspace.recorded, workspace.reference
         self.runs.options = [n for n in workspace.recorded]
         chosen = runs or workspace.others or [n for n in workspace.recorded if n != workspace.reference][:3]
@@ -90,9 +91,12 @@ class LadderWidget(widgets.VBox):
         if not names:
             self.status.value = "choose one or more runs to compare with the reference"
             return
-        full = self.workspace.ladder(names, reference=reference, stat=self.stat.value)
+        key = (reference, tuple(names), self.stat.value)
+        if key not in self._ladders:  # the expensive part; the layer range only filters it
+            self._ladders[key] = (self.workspace.ladder(names, reference=reference, stat=self.stat.value),
+                                  self.workspace.noise_ladder(reference=reference, stat=self.stat.value))
+        full, noise = self._ladders[key]
         self.ladder = dataclasses.replace(full, per_layer=full.per_layer[full.per_layer["layer"].map(self._kept)])
-        noise = self.workspace.noise_ladder(reference=reference, stat=self.stat.value)
         if noise is not None:
             noise = dataclasses.replace(noise, per_layer=noise.per_layer[noise.per_layer["layer"].map(self._kept)])
         figure = ladder_figure(self.ladder, noise=noise, provenance=self.workspace.provenance([reference, *names]))
