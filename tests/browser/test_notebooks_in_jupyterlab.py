@@ -2,7 +2,8 @@
 
 Serves JupyterLab on 127.0.0.1 over copies of the notebooks. The explorer notebook runs,
 its statistic is changed, and the heatmap must change (its colour-bar title and its cells);
-the replay-and-bisect notebook runs to the end and must show its verdicts and figures.
+the trajectory widget's quantity is changed and its figure must follow; the replay-and-bisect
+notebook runs to the end and must show its verdicts and figures.
 Screenshots go to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
 """
 
@@ -25,6 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02-divergence-explorer.ipynb"
 BISECT_NOTEBOOK = ROOT / "notebooks" / "07-replay-and-bisect.ipynb"
+TRAJECTORY_NOTEBOOK = ROOT / "notebooks" / "01-quick-start.ipynb"
 CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -59,7 +61,7 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture
 def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    for notebook in (NOTEBOOK, BISECT_NOTEBOOK):
+    for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK):
         shutil.copy(notebook, tmp_path / notebook.name)
     settings = tmp_path / "settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
@@ -145,3 +147,21 @@ def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # t
     assert "the replay reproduces the original" in text
     assert "workbench/runner/faults.py" in text
     assert plots >= 4  # loss with anomalies, replay, two operation figures
+
+
+def _plot_texts(page, selector: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return page.eval_on_selector_all(f".js-plotly-plot {selector}", "els => els.map(e => e.textContent)")
+
+
+def test_the_trajectory_widget_reacts_to_its_quantity(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    with _notebook_running(jupyterlab, TRAJECTORY_NOTEBOOK, height=2400) as page:
+        quantity = page.locator(".widget-dropdown", has=page.locator("label", has_text="quantity")).locator("select")
+        quantity.wait_for(timeout=120_000)
+        page.wait_for_function("[...document.querySelectorAll('.js-plotly-plot .ytitle')]"
+                               ".some(e => e.textContent === 'loss')", timeout=60_000)
+        quantity.select_option("grad_norm")
+        page.wait_for_function("[...document.querySelectorAll('.js-plotly-plot .ytitle')]"
+                               ".some(e => e.textContent === 'grad_norm')", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "trajectories-in-jupyterlab.png"), full_page=True)
+        trajectory_titles = _plot_texts(page, ".ytitle")
+    assert "grad_norm" in trajectory_titles

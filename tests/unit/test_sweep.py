@@ -109,3 +109,13 @@ def test_the_figure_verb_writes_one_figure_and_its_data(folder: Path, tmp_path: 
     if static_export_available() is not None:  # the static formats need a browser
         assert cli(["figure", "sweep", str(folder), "-o", str(out / "sweep.pdf"), "--size", "page"]) == 0
         assert (out / "sweep.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_a_widget_figure_never_carries_nan_over_the_json_protocol(folder: Path) -> None:
+    import json
+
+    from workbench.widgets.sweep import SweepMatrixWidget
+
+    widget = SweepMatrixWidget(folder)  # its first divergent steps are NaN where runs are identical
+    for trace in widget.figure.data:
+        json.dumps(trace.to_plotly_json(), allow_nan=False, default=lambda v: v.tolist())

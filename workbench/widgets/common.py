@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -42,7 +43,18 @@ def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool =
 
 
 def show(target: go.FigureWidget, figure: go.Figure) -> None:
-    """Replace what ``target`` shows with ``figure`` in one update."""
+    """Replace what ``target`` shows with ``figure`` in one update (NaN and infinities sent as gaps:
+    the widget protocol is JSON, which has neither)."""
+    for trace in figure.data:
+        for name in ("x", "y", "z"):
+            values = getattr(trace, name, None)
+            if values is None:
+                continue
+            array = np.asarray(values)
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                safe = array.astype(object)
+                safe[~np.isfinite(array)] = None
+                setattr(trace, name, safe.tolist())
     with target.batch_update():
         target.data = ()
         target.layout = figure.layout
