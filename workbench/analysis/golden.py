@@ -54,10 +54,10 @@ class GoldenCheck:
 
     def summary(self, limit: int = 20) -> str:
         mode = self.mode or ("bitwise" if self.rtol is None else f"rtol {self.rtol:g} of each quantity's own scale")
-        checked = [f"{self.sites} sites"] if self.sites else []
-        checked += list(self.scalars)
+        scalars = ", ".join(self.scalars)
+        checked = f"{self.sites} sites" + (f" and {scalars}" if scalars else "") if self.sites else scalars
         head = (f"golden check ({mode}) of {self.run} against {self.golden}: {len(self.steps)} steps x "
-                f"{' and '.join(checked) or 'nothing'}: ")
+                f"{checked or 'nothing'}: ")
         notes = [f"  note: {n}" for n in self.notes]
         if self.passed:
             return "\n".join([head + "PASSED", *notes])
