@@ -178,8 +178,8 @@ class Recorder:
         self._seconds = 0.0
         self._writer: BackgroundWriter | None = None
         self._handles: list[Any] = []
-        self._restore: list[tuple[Any, Any]] = []
         self._undo: list[Callable[[], None]] = []
+        """What ``close`` undoes: wrapped config functions and optimizer steps."""
         self._attach()
 
     def parameter_count(self) -> int:
@@ -203,7 +203,7 @@ class Recorder:
             config = getattr(chunk, "config", None)
             original = getattr(config, "finalize_model_grads_func", None)
             if config is not None and original is not None and not getattr(original, "_workbench_recorder", False):
-                self._restore.append((config, original))
+                self._undo.append(functools.partial(setattr, config, "finalize_model_grads_func", original))
                 config.finalize_model_grads_func = self._wrap_finalize(original, grads=grads_at_finalize)
             model = unwrap(chunk)
             if "loss" in self._kinds:
@@ -543,9 +543,6 @@ class Recorder:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
-            for config, original in self._restore:
-                config.finalize_model_grads_func = original
-            self._restore = []
             for undo in self._undo:
                 undo()
             self._undo = []
