@@ -70,10 +70,11 @@ def train_user_loop(run_dir: Path, *args: str, ranks: int = 2, ok: bool = True) 
 
 @pytest.fixture(scope="session")
 def user_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder of four runs of the user loop: TP=2 twice, TP=2 with one flipped bit at step 2, PP=2."""
+    """A folder of four runs of the user loop: TP=2 twice (once without its validation loss), TP=2 with one
+    flipped bit at step 2, PP=2."""
     root = tmp_path_factory.mktemp("user-runs")
     train_user_loop(root / "tp2", "--tp", "2")
-    train_user_loop(root / "tp2-again", "--tp", "2")
+    train_user_loop(root / "tp2-again", "--tp", "2", "--eval-every", "0")
     train_user_loop(root / "tp2-flip", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
     train_user_loop(root / "pp2", "--pp", "2")
     return root

@@ -253,10 +253,13 @@ def _cmd_figure(args: argparse.Namespace) -> int:
     else:  # trajectories of a scalar
         from workbench.figures.trajectories import trajectory_figure
 
-        chosen = names if all(n in ws.runs for n in names) else ws.names
+        # named runs: the first is the reference; a folder: every run against the workspace's reference
+        chosen = names if all(n in ws.runs for n in names) else \
+            [ws.reference, *(n for n in ws.names if n != ws.reference)]
         series = ws.scalar(args.quantity, chosen)
         figure = trajectory_figure(series, reference=chosen[0], quantity=args.quantity,
-                                   floor=ws.scalar_floor(args.quantity), provenance=ws.provenance(chosen))
+                                   floor=ws.scalar_floor(args.quantity),
+                                   seed_spread=ws.scalar_seed_spread(args.quantity), provenance=ws.provenance(chosen))
         data = pd.DataFrame(series)
     if args.size != "screen":
         figure = for_paper(figure, args.size)

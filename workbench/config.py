@@ -166,6 +166,25 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """A held-out validation loss: forward only, on samples of the corpus no training step uses."""
+
+    every: int = 10
+    """Evaluate after every this many steps (and after the last); 0 never. It changes no training number."""
+    samples: int = 16
+    """Held-out samples per evaluation (the same ones every time); a multiple of micro_batch_size x layout.dp."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 0, "eval.every",
+                 self.every, "a whole number >= 0 (0 = no validation loss)")
+        _positive("eval.samples", self.samples)
+
+    def after(self, step: int, total_steps: int) -> bool:
+        """Whether to evaluate once step ``step`` (0-based) has updated the model."""
+        return self.every > 0 and ((step + 1) % self.every == 0 or step + 1 == total_steps)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecordConfig:
     """What the recorder records per step: which kinds of site, which sites, how often, and snapshots."""
 
@@ -264,6 +283,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     precision: Precision = Precision.FP32
     """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
@@ -302,6 +322,8 @@ class RunConfig:
         for name, size in (("num_attention_heads", m.num_attention_heads), ("vocab_size", m.vocab_size),
                            ("ffn_hidden_size", m.ffn_size)):
             _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
+        _require(self.eval.samples % per_step == 0, "eval.samples", self.eval.samples,
+                 f"a multiple of micro_batch_size x layout.dp = {per_step}")
         _require(all(s < self.steps for s in self.record.snapshot_steps), "record.snapshot_steps",
                  self.record.snapshot_steps, f"steps below steps ({self.steps})")
         _require(self.fault.kind is FaultKind.NONE or self.fault.step < self.steps, "fault.step", self.fault.step,
@@ -343,13 +365,17 @@ class RunConfig:
             node[leaf] = value
         return RunConfig.from_dict(data, source=source)
 
-    def numerics_hash(self) -> str:
-        """Hash of everything that shapes the numbers (the name excluded): equal configs, equal hash."""
+    def numerics_hash(self, *, seed: bool = True) -> str:
+        """Hash of everything that shapes the numbers (the name excluded): equal configs, equal hash.
+        Without ``seed``: equal for runs that differ only in their initialisation seed."""
         data = self.to_dict()
         data.pop("name")
+        if not seed:
+            data.pop("seed")
         data.pop("flush_every")
         data.pop("checkpoint_every")
         data.pop("record")
+        data.pop("eval")  # evaluating changes no training number
         if data["fault"]["kind"] == FaultKind.NONE.value:
             data.pop("fault")  # runs without a fault keep the hash they had before faults existed
         text = json.dumps(data, sort_keys=True)
@@ -357,7 +383,7 @@ class RunConfig:
 
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "optim": OptimConfig,
-                              "data": DataConfig, "record": RecordConfig, "fault": FaultConfig}
+                              "data": DataConfig, "record": RecordConfig, "eval": EvalConfig, "fault": FaultConfig}
 
 
 def _enum(kind: type[StrEnum], value: object, name: str) -> Any:

@@ -8,6 +8,7 @@ samples and their order) is the same whatever the TP/PP/DP layout and micro-batc
 
     corpus = SyntheticCorpus(vocab_size=256, seq_length=64, seed=0, branching=4)
     tokens = corpus.samples(np.arange(16))          # [16, 65] int64
+    held_out = corpus.samples(held_out_indices(16))  # for the validation loss; no training step uses them
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ class SyntheticCorpus:
         for t in range(1, length):
             tokens[:, t] = self.successors[tokens[:, t - 1], choice[:, t - 1]]
         return tokens
+
+
+HELD_OUT_START = 2**48
+"""Sample indices from here on are held out: no training step reaches them (2**48 samples)."""
+
+
+def held_out_indices(samples: int) -> np.ndarray:
+    """The held-out samples a validation loss is computed on, the same ones at every evaluation."""
+    return np.arange(HELD_OUT_START, HELD_OUT_START + samples, dtype=np.int64)
+
+
+def rank_held_out_microbatches(samples: int, *, micro_batch_size: int, dp: int, dp_rank: int) -> list[np.ndarray]:
+    """One data-parallel rank's micro-batches of the held-out samples (split as a training batch is)."""
+    return list(held_out_indices(samples).reshape(dp, -1)[dp_rank].reshape(-1, micro_batch_size))
 
 
 def global_batch_indices(step: int, global_batch_size: int) -> np.ndarray:

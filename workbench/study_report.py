@@ -1,4 +1,5 @@
-"""A study folder summarised: its runs, where they differ, the noise floor and the cost of determinism.
+"""A study folder summarised: its runs, where they differ, the noise floor, whether a change matters
+(against the noise floor and the seed-to-seed spread) and the cost of determinism.
 
 Opens every run under a folder as a ``Workspace`` (which also finds the reference and the
 noise-floor runs) and hands their records to the analysis functions. ``workbench study DIR`` and the demo print it.
@@ -27,6 +28,9 @@ class StudySummary:
     ladder: Ladder | None
     """Every other run (precision, layout) against the reference, per layer, with the noise floor."""
     cost: pd.DataFrame
+    scales: pd.DataFrame
+    """Every other run's final held-out loss against the noise floor and the seed-to-seed spread."""
+    scales_step: int | None = None
 
     def text(self) -> str:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
@@ -42,6 +46,10 @@ class StudySummary:
                       table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), "",
                       "relative L2 difference at the last step, median over each layer's sites:",
                       self.ladder.final_by_layer().to_string(float_format=lambda x: f"{x:.2e}")]
+        if not self.scales.empty:
+            lines += ["", f"does it matter? held-out validation loss after step {self.scales_step}, the difference "
+                      f"from {self.reference} against the noise floor and the seed-to-seed spread (ranges):",
+                      self.scales.to_string(index=False, float_format=lambda x: f"{x:.3g}")]
         if not self.cost.empty:
             lines += ["", "cost of deterministic mode (tokens/s, recorder excluded; 95% bootstrap interval):",
                       self.cost.to_string(index=False, float_format=lambda x: f"{x:.1f}")]
@@ -60,5 +68,7 @@ def summarise(ws: Workspace) -> StudySummary:
     reference = ws.reference
     findings = study_findings(records, reference, ws.repeat_groups) if reference in records else []
     comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
+    step, scales = ws.scales("val_loss")
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
-                        floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost())
+                        floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
+                        scales_step=step)

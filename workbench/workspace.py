@@ -5,20 +5,25 @@ the study summary and the report read from.
     ws.names, ws.reference, ws.floor_runs             # roles, found from the runs' configs
     ws.comparison("det-r0", "tp2")                    # cached analysis.compare
     ws.scalar("loss"), ws.scalar_floor("loss")        # per-run Series, noise-floor envelope
+    ws.seed_runs, ws.scalar_seed_spread("val_loss")   # runs that differ only in seed, their envelope
     ws.provenance(["det-r0", "tp2"])                  # for figure footers
     ws.anomalies("tp2")                               # cached analysis.anomalies.find_anomalies
 
-Opening reads manifests and fingerprints; statistics stay lazy until a result needs them.
+Opening reads manifests and fingerprints; statistics stay lazy until a result needs them, or
+until ``preload`` reads them in the background (the widgets do, for the runs they show).
 The roles come from the manifests, whoever produced the runs, never from their names: the
 *reference* is preferably deterministic, fp32, on one process and repeated (in that order
 of preference; ties by name); *repeats* are runs of one configuration (``repeat_key``); the *noise
 floor* runs are the largest group of nondeterministic repeats, plus the reference when it
-differs from them only in determinism.
+differs from them only in determinism; the *seed runs* are runs of one configuration with two or
+more seeds (the reference's, where it has other seeds), the second scale a difference is judged
+against.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -28,12 +33,13 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-from workbench.analysis.compare import Comparison, compare, relative_difference
+from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
+from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
 from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.figures.style import Provenance
@@ -42,6 +48,9 @@ from workbench.store.manifest import RUNNER
 from workbench.store.reader import Run, find_runs, open_run
 
 DEMO_RUNS = Path("data/runs/demo")
+PRELOAD_ENV = "WORKBENCH_PRELOAD_MB"
+DEFAULT_PRELOAD_MB = 2048
+"""How much memory ``Workspace.preload`` may fill with statistics read ahead in the background."""
 
 
 def runs_dir() -> Path:
@@ -55,9 +64,10 @@ def runs_dir() -> Path:
     return DEMO_RUNS
 
 
-def repeat_key(run: Run) -> tuple[object, ...] | None:
+def repeat_key(run: Run, *, seed: bool = True) -> tuple[object, ...] | None:
     """What two repeats of one configuration share; None for a run that repeats nothing (resumed,
-    faulted, replayed, or imported without a model signature and seed).
+    faulted, replayed, or imported without a model signature and seed). Without ``seed``: what
+    runs that differ only in their seed share.
 
     The runner's runs: the hash of their numerics config (everything but the name). Any other
     producer: model signature, layout, precision, determinism and seed.
@@ -66,10 +76,11 @@ def repeat_key(run: Run) -> tuple[object, ...] | None:
     if manifest.get("resumes") or manifest.get("fault", "none") != "none" or manifest.get("replay"):
         return None
     if info.producer == RUNNER and isinstance(manifest.get("config_hash"), str):
-        return ("config", manifest["config_hash"])
+        return ("config", manifest["config_hash"] if seed else run.config.numerics_hash(seed=False))
     if info.model is None or info.seed is None or info.deterministic is None:
         return None
-    return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic, info.seed)
+    return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
+            *([info.seed] if seed else []))
 
 
 class Workspace:
@@ -83,6 +94,8 @@ class Workspace:
         self._comparisons: dict[tuple[str, str], Comparison] = {}
         self._stat_values: dict[tuple[str, str], xr.DataArray] = {}
         self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
+        self._loading: dict[str, threading.Thread] = {}
+        self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -177,6 +190,19 @@ class Workspace:
             runs = [self.reference, *runs]
         return runs if len(runs) >= 2 else []
 
+    @cached_property
+    def seed_runs(self) -> list[str]:
+        """Runs of one configuration with two or more seeds (the seed-to-seed spread), in name order: the
+        reference's configuration if it has other seeds, else the largest such group; empty if none."""
+        groups: dict[tuple[object, ...], list[str]] = {}
+        for name in sorted(self.names):
+            key = repeat_key(self.runs[name], seed=False)
+            if key is not None:
+                groups.setdefault(key, []).append(name)
+        seeded = [g for g in groups.values() if len({self.runs[n].info.seed for n in g}) >= 2]
+        with_reference = [g for g in seeded if self.reference in g]
+        return (with_reference or sorted(seeded, key=len, reverse=True) or [[]])[0]
+
     @property
     def nondeterministic_repeats(self) -> list[str]:
         """The noise floor's nondeterministic runs (two or more, or none)."""
@@ -218,10 +244,11 @@ class Workspace:
 
     @property
     def others(self) -> list[str]:
-        """Recorded runs that are neither the reference, a repeat, resumed nor faulted: precision and layout
-        changes."""
+        """Recorded runs that are neither the reference, a repeat, another seed, resumed nor faulted: precision
+        and layout changes."""
         return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
-                and n not in self.repeats and n not in self.resumed and n not in self.faulted]
+                and n not in self.repeats and n not in self.resumed and n not in self.faulted
+                and n not in self.seed_runs]
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
@@ -241,16 +268,31 @@ class Workspace:
 
     # -- analysis over several runs ----------------------------------------------------
 
-    def ladder(self, names: Iterable[str], *, reference: str | None = None, stat: str = "l2") -> Ladder:
-        """``names`` against the reference (default: the workspace's), per layer, with the noise floor."""
-        return ladder(self.records(reference or self.reference), [self.records(n) for n in names], floor=self.floor,
-                      stat=stat)
+    def ladder(self, names: Iterable[str], *, reference: str | None = None, stat: str = "l2",
+               floor: bool = True) -> Ladder:
+        """``names`` against the reference (default: the workspace's), per layer, with the noise floor; from
+        the cached comparisons and statistics."""
+        reference, names = reference or self.reference, list(names)
+        for name in names:
+            self.relative_difference(reference, name, stat)  # fills the comparison's cache from stat_values
+        return ladder(self.records(reference), [self.records(n) for n in names], floor=self.floor if floor else None,
+                      stat=stat, comparisons=[self.comparison(reference, n) for n in names])
 
     def noise_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
         """The noise-floor runs against the reference: how far apart mere repeats drift."""
         reference = reference or self.reference
         repeats = [n for n in self.floor_runs if n != reference]
-        return ladder(self.records(reference), [self.records(n) for n in repeats], stat=stat) if repeats else None
+        return self.ladder(repeats, reference=reference, stat=stat, floor=False) if repeats else None
+
+    def seed_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
+        """The other seeds against the reference (or, when the reference has none, against the first of the
+        seed runs): how far apart runs that differ only in their seed are, layer by layer."""
+        recorded = [n for n in self.seed_runs if n in self.recorded]
+        base = reference or self.reference
+        base = base if base in recorded else (recorded[0] if recorded else base)
+        seed = self.runs[base].info.seed
+        others = [n for n in recorded if self.runs[n].info.seed != seed]
+        return self.ladder(others, reference=base, stat=stat, floor=False) if others else None
 
     def cost(self, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0,
              configs: Iterable[str] | None = None) -> pd.DataFrame:
@@ -270,6 +312,19 @@ class Workspace:
                    and (wanted is None or run.info.configuration() in wanted)]
         return determinism_cost(samples, warmup=warmup, interval=interval)
 
+    def scales(self, column: str = "val_loss", names: Iterable[str] | None = None) -> tuple[int | None, pd.DataFrame]:
+        """``analysis.scales.judge_against_scales`` of ``column`` at the last step where the reference, the
+        runs (default: ``others``), the noise-floor and the seed runs all have a value; (None, empty) if none."""
+        names = list(names) if names is not None else self.others
+        involved = list(dict.fromkeys([self.reference, *names, *self.floor_runs, *self.seed_runs]))
+        table = pd.DataFrame(self.scalar(column, involved)).dropna()
+        if table.empty or not names:
+            return None, judge_against_scales({}, reference=self.reference, runs=[], floor_runs=[], seed_runs=[])
+        step = int(table.index[-1])
+        final = {name: float(table.loc[step, name]) for name in involved}
+        return step, judge_against_scales(final, reference=self.reference, runs=names, floor_runs=self.floor_runs,
+                                          seed_runs=self.seed_runs)
+
     @property
     def configurations(self) -> list[str]:
         """The configurations (apart from the determinism switch) of the runs, for the cost view."""
@@ -283,23 +338,67 @@ class Workspace:
 
     def scalar_floor(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of a scalar over the noise-floor runs."""
-        if not self.floor_runs:
+        return self.scalar_band(column, self.floor_runs)
+
+    def scalar_seed_spread(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
+        """The envelope (min, max per step) of a scalar over the seed runs: the seed-to-seed spread."""
+        return self.scalar_band(column, self.seed_runs)
+
+    def scalar_band(self, column: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
+        """The envelope (min, max per step, over the runs that have a value) of a scalar; None for no runs."""
+        names = list(names)
+        if not names:
             return None
-        table = pd.DataFrame(self.scalar(column, self.floor_runs))
+        table = pd.DataFrame(self.scalar(column, names))
         return table.min(axis=1), table.max(axis=1)
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
-        """One statistic of every site and step of a run, in memory (step, site); cached."""
+        """One statistic of every site and step of a run, in memory (step, site); cached (and read in the
+        background for the runs ``preload`` was given)."""
+        loading = self._loading.get(name)
+        if loading is not None and (name, stat) not in self._stat_values:
+            loading.join()  # the background read brings every statistic of this run
         if (name, stat) not in self._stat_values:
             self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
         return self._stat_values[(name, stat)]
 
+    def preload(self, names: Iterable[str]) -> list[str]:
+        """Read every statistic of the recorded runs among ``names`` into memory in the background, one pass
+        over each store (each chunk holds all statistics, so reading one costs as much as reading all), while
+        they fit in ``$WORKBENCH_PRELOAD_MB`` (default 2048 MiB) together; returns the runs being read."""
+        started = []
+        for name in dict.fromkeys(names):
+            if name in self._loading or name not in self.recorded:
+                continue
+            stats = self.records(name).stats
+            size = int(np.prod(stats.shape)) * stats.dtype.itemsize
+            if size > self._preload_bytes:
+                continue
+            self._preload_bytes -= size
+            thread = threading.Thread(target=self._load_every_stat, args=(name,), name=f"preload-{name}",
+                                      daemon=True)
+            self._loading[name] = thread
+            thread.start()
+            started.append(name)
+        return started
+
+    def preloaded(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout`` seconds) for the background reads; whether they have all finished."""
+        for thread in list(self._loading.values()):
+            thread.join(timeout)
+        return not any(t.is_alive() for t in self._loading.values())
+
+    def _load_every_stat(self, name: str) -> None:
+        try:
+            stats = self.records(name).stats.load()
+        except Exception:  # noqa: BLE001 - a damaged store: stat_values reads it again and raises in the caller
+            return
+        for stat in stats["stat"].to_numpy().tolist():
+            self._stat_values.setdefault((name, str(stat)), stats.sel(stat=stat).copy())
+
     def relative_difference(self, a: str, b: str, stat: str) -> xr.DataArray:
-        """``comparison(a, b).relative_difference`` of one statistic, computed from cached values."""
-        result = self.comparison(a, b)
-        steps, sites = result.common_steps, result.common_sites
-        return relative_difference(self.stat_values(a, stat).sel(step=steps, site=sites),
-                                   self.stat_values(b, stat).sel(step=steps, site=sites))
+        """``comparison(a, b).relative(stat)``, computed (once) from the cached statistics of the two runs."""
+        return self.comparison(a, b).relative(stat, (self.stat_values(a, stat), self.stat_values(b, stat)))
 
     def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
         """One statistic of one site over steps, per run (from the cached ``stat_values``)."""
@@ -309,6 +408,11 @@ class Workspace:
             if site in values.indexes["site"]:
                 series[name] = values.sel(site=site).to_series()
         return series
+
+    def site_band(self, site: str, stat: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
+        """The envelope (min, max per step) of one site's statistic over the recorded runs among ``names``."""
+        table = pd.DataFrame(self.site_series(site, stat, [n for n in names if n in self.recorded]))
+        return (table.min(axis=1), table.max(axis=1)) if not table.empty else None
 
     def snapshot_differences(self, a: str, b: str, step: int,
                              sites: Iterable[str] | None = None) -> dict[str, ElementwiseDifference]:

@@ -2,7 +2,8 @@
 
 Serves JupyterLab on 127.0.0.1 over copies of the notebooks. The explorer notebook runs,
 its statistic is changed, and the heatmap must change (its colour-bar title and its cells);
-the trajectory widget's quantity is changed and its figure must follow; the replay-and-bisect
+the trajectory widget's quantity is changed and its figure must follow, and so must the
+precision notebook's ladder widget when its statistic changes; the replay-and-bisect
 notebook runs to the end and must show its verdicts and figures.
 Screenshots go to ``$WORKBENCH_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
 """
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02-divergence-explorer.ipynb"
 BISECT_NOTEBOOK = ROOT / "notebooks" / "07-replay-and-bisect.ipynb"
 TRAJECTORY_NOTEBOOK = ROOT / "notebooks" / "01-quick-start.ipynb"
+LADDER_NOTEBOOK = ROOT / "notebooks" / "03-precision-study.ipynb"
 CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -61,7 +63,7 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture
 def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK):
+    for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK, LADDER_NOTEBOOK):
         shutil.copy(notebook, tmp_path / notebook.name)
     settings = tmp_path / "settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
@@ -165,3 +167,21 @@ def test_the_trajectory_widget_reacts_to_its_quantity(jupyterlab) -> None:  # ty
         page.screenshot(path=str(ARTIFACTS / "trajectories-in-jupyterlab.png"), full_page=True)
         trajectory_titles = _plot_texts(page, ".ytitle")
     assert "grad_norm" in trajectory_titles
+
+
+def test_the_ladder_widget_reacts_to_its_statistic(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    with _notebook_running(jupyterlab, LADDER_NOTEBOOK, height=3000) as page:
+        label = page.locator("label", has_text="statistic")
+        statistic = page.locator(".workbench-ladder .widget-dropdown", has=label).locator("select")
+        statistic.wait_for(timeout=120_000)
+        page.wait_for_function("[...document.querySelectorAll('.workbench-ladder .js-plotly-plot .gtitle')]"
+                               ".some(e => e.textContent.includes('relative difference of l2'))", timeout=120_000)
+        statistic.select_option("max")
+        page.wait_for_function("[...document.querySelectorAll('.workbench-ladder .js-plotly-plot .gtitle')]"
+                               ".some(e => e.textContent.includes('relative difference of max'))", timeout=120_000)
+        # the trajectory widget below shows the validation loss with both bands
+        page.wait_for_function("[...document.querySelectorAll('.workbench-trajectories .js-plotly-plot .legendtext')]"
+                               ".some(e => e.textContent === 'seed-to-seed spread')", timeout=120_000)
+        legend = _plot_texts(page, ".legendtext")
+        page.screenshot(path=str(ARTIFACTS / "ladder-in-jupyterlab.png"), full_page=True)
+    assert "seed-to-seed spread" in legend and "noise floor (repeats)" in legend

@@ -30,8 +30,16 @@ def tiny_config(name: str, **overrides: Any) -> RunConfig:
     return RunConfig.from_dict(TINY).with_overrides({"name": name, **overrides})
 
 
+NAMED: dict[str, dict[str, Any]] = {
+    # A repeat that computes its validation loss after every step (the base run only after the last):
+    # evaluating must change no training number, so the two are still bitwise repeats.
+    "base-repeat": {"eval.every": 1},
+}
+
+
 class Runs:
-    """Trains each named config once per session; later requests reuse the run folder."""
+    """Trains each named config once per session (with its ``NAMED`` overrides); later requests reuse
+    the run folder."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -41,7 +49,7 @@ class Runs:
         from workbench.runner.launch import launch
 
         if name not in self._done:
-            self._done[name] = launch(tiny_config(name, **overrides), self.root / name)
+            self._done[name] = launch(tiny_config(name, **{**NAMED.get(name, {}), **overrides}), self.root / name)
         return self._done[name]
 
 

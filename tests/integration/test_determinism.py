@@ -23,6 +23,10 @@ def test_deterministic_repeats_are_bitwise_identical_at_every_step(runs: Runs) -
             assert torch.equal(pa[site], pb[site]), f"step {step} {site} differs"
     np.testing.assert_array_equal(open_run(a).scalars.loss, open_run(b).scalars.loss)
     np.testing.assert_array_equal(open_run(a).scalars.grad_norm, open_run(b).scalars.grad_norm)
+    # b evaluated its held-out loss after every step, a after the last only: no training number changed
+    val_a, val_b = open_run(a).scalars.val_loss, open_run(b).scalars.val_loss
+    assert val_b.notna().all() and val_a[:-1].isna().all() and val_a.iloc[-1] == val_b.iloc[-1]
+    assert len(set(val_b)) == steps and not np.array_equal(val_b, open_run(b).scalars.loss)
 
 
 def test_nondeterministic_repeats_differ(runs: Runs) -> None:

@@ -35,8 +35,13 @@ def test_every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_
     assert "kinds_missing" not in run.manifest
 
 
-def test_two_runs_of_the_loop_are_bitwise_identical(user_runs: Path) -> None:
-    assert compare(open_run(user_runs / "tp2").records(), open_run(user_runs / "tp2-again").records()).identical
+def test_two_runs_of_the_loop_are_bitwise_identical_one_with_a_validation_loss(user_runs: Path) -> None:
+    evaluated, plain = open_run(user_runs / "tp2"), open_run(user_runs / "tp2-again")
+    val = evaluated.scalars["val_loss"]  # every 2nd step, inside run.evaluating()
+    assert val[[1, 3]].notna().all() and val[[0, 2]].isna().all() and plain.scalars["val_loss"].isna().all()
+    assert val[3] != evaluated.scalars["loss"][3]
+    # the held-out forward passes were neither recorded nor did they change a training number
+    assert compare(evaluated.records(), plain.records()).identical
 
 
 def test_a_one_bit_change_is_found_at_its_step_and_module(user_runs: Path) -> None:
@@ -49,6 +54,7 @@ def test_a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage(us
     assert run.info.layout.pp == 2
     assert set(run.site_table()["kind"]) == ALL_KINDS
     assert run.scalars["loss"].notna().all()  # logged on rank 1 only, stored by rank 0
+    assert run.scalars["val_loss"][[1, 3]].notna().all()  # so is the validation loss
 
 
 def test_the_verbs_work_on_a_folder_of_user_runs(user_runs: Path, tmp_path: Path,

@@ -42,6 +42,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--flip", default=None, help="STEP:MODULE")
     parser.add_argument("--raise-at", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=2,
+                        help="a held-out loss (the batches of 'step -1', which no step trains on); 0: none")
     parser.add_argument("--no-optimizer", action="store_true", help="do not hand the optimizer to record()")
     return parser.parse_args()
 
@@ -110,6 +112,7 @@ def main() -> None:
         return output, loss_func
 
     run_dir, steps, global_batch_size = args.run_dir, args.steps, MICRO_BATCH * MICRO_BATCHES
+    EVAL_EVERY = args.eval_every or steps + 1  # noqa: N806 (the README snippet's name)
     with record(run_dir, [model], optimizer, steps=steps, global_batch_size=global_batch_size, seed=args.seed,
                 user_config=vars(args)) as run:
         for step in range(steps):
@@ -129,6 +132,13 @@ def main() -> None:
                 optimizer.step()
                 loss = sum(float(x["lm loss"]) for x in losses) / MICRO_BATCHES if losses else None
                 run.log(loss=loss, lr=optimizer.param_groups[0]["lr"])
+                if step % EVAL_EVERY == EVAL_EVERY - 1:
+                    with run.evaluating(), torch.no_grad():
+                        held_out = forward_backward_func(
+                            forward_step_func=forward_step, data_iterator=iter(batches(-1, args.seed)),
+                            model=[model], num_microbatches=MICRO_BATCHES, seq_length=SEQ,
+                            micro_batch_size=MICRO_BATCH, forward_only=True)
+                    run.log(val_loss=sum(float(x["lm loss"]) for x in held_out) / MICRO_BATCHES if held_out else None)
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 

@@ -43,7 +43,7 @@ def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypa
     expected = {
         "01-quick-start": ["det-r0 vs det-r1: bitwise identical", "det-r0 vs nondet-r0: first differ at step"],
         "02-divergence-explorer": ["first divergent step 0, site grad:embedding.word_embeddings.weight"],
-        "03-precision-study": ["bf16"],
+        "03-precision-study": ["bf16", "seed spread"],
         "04-parallelism-layouts": ["tp2"],
         "05-resume-and-golden-checks": ["resumed at step 4", "bitwise identical", "PASSED", "FAILED"],
         "06-cost-of-determinism": ["tax_percent"],

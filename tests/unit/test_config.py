@@ -30,6 +30,8 @@ def test_example_configs_load() -> None:
         ({"steps": 2.5}, "steps"),
         ({"name": "has space"}, "name"),
         ({"deterministic": "yes"}, "deterministic"),
+        ({"eval.samples": 3}, "eval.samples"),
+        ({"eval.every": -1}, "eval.every"),
         ({"fault.kind": "melt"}, "fault.kind"),
         ({"fault.kind": "bitflip", "fault.site": "layers.0.mlp"}, "fault.site"),
         ({"fault.kind": "bitflip", "fault.site": "act:layers.0.mlp", "fault.bit": 32}, "fault.bit"),
@@ -89,3 +91,14 @@ def test_fault_is_part_of_the_numerics_but_no_fault_keeps_the_old_hash() -> None
     # the value computed by the workbench before the fault section was added.
     assert plain.numerics_hash() == "54e7cd310dc75613"
     assert faulted.fault.describe() == "flip bit 30 of element 0 of act:layers.0.mlp at step 3"
+
+
+def test_evaluation_is_after_every_nth_step_and_the_last_and_shapes_no_number() -> None:
+    from workbench.config import EvalConfig
+
+    assert [s for s in range(12) if EvalConfig(every=5).after(s, 12)] == [4, 9, 11]
+    assert not any(EvalConfig(every=0).after(s, 12) for s in range(12))
+    cfg = RunConfig(name="a")
+    assert cfg.with_overrides({"eval.every": 1}).numerics_hash() == cfg.numerics_hash()
+    assert cfg.with_overrides({"seed": 7}).numerics_hash(seed=False) == cfg.numerics_hash(seed=False)
+    assert cfg.with_overrides({"seed": 7}).numerics_hash() != cfg.numerics_hash()

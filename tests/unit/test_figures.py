@@ -98,7 +98,7 @@ def test_trajectory_with_reference_floor_and_difference_panel() -> None:
     floor = (series["ref"] - 1e-4, series["ref"] + 1e-4)
     fig = trajectory_figure(series, reference="ref", floor=floor, quantity="loss", provenance=PROVENANCE)
     names = [t.name for t in fig.data]
-    assert names.count("noise floor") == 2 and "ref" in names and "other" in names
+    assert names.count("noise floor (repeats)") == 2 and "ref" in names and "other" in names
     diff = [t for t in fig.data if t.name == "other" and t.yaxis == "y2"][0]
     assert np.allclose(diff.y, 1e-3)
     assert fig.data[names.index("ref")].line.color == PALETTE[0]

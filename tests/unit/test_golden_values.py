@@ -171,6 +171,9 @@ def write_megatron_tensorboard(logdir: Path, iterations: list[int]) -> None:
                            ("num-zeros", 3.0), ("lm loss vs samples", 1.0)):
             writer.add_event(Event(wall_time=0.0, step=k, summary=Summary(value=[
                 Summary.Value(tag=tag, simple_value=value)])))
+        if k % 2 == 0:  # evaluate_and_print_results every --eval-interval 2 iterations
+            writer.add_event(Event(wall_time=0.0, step=k, summary=Summary(value=[
+                Summary.Value(tag="lm loss validation", simple_value=11.0 - 0.25 * k)])))
     writer.close()
 
 
@@ -186,7 +189,10 @@ def test_megatron_tensorboard_scalars_become_a_run(tmp_path: Path, capsys: pytes
     loss = run.scalars["loss"]
     assert loss[0] == 9.75 and loss[3] == 9.0 and math.isnan(loss[2])  # iteration 4 is step 3; 3 was not logged
     assert run.scalars["tokens_per_s"][0] == 2000.0
+    val = run.scalars["val_loss"]  # after iteration k's update: step k - 1
+    assert val[1] == 10.5 and val[5] == 9.5 and math.isnan(val[0]) and math.isnan(val[4])
     assert "num-zeros" in run.manifest["imported"]["other_tags"]
+    assert "lm loss validation" not in run.manifest["imported"]["other_tags"]
     assert cli(["ls", str(tmp_path)]) == 0
     assert cli(["golden", str(tmp_path / "mlm"), "--megatron", "--out", str(tmp_path / "g.json")]) == 0
     assert cli(["check", str(tmp_path / "mlm"), "--golden", str(tmp_path / "g.json")]) == 0

@@ -55,14 +55,27 @@ class Comparison:
     relative_difference: xr.DataArray
     """|a - b| / max(|a|, |b|) per (step, site, stat); 0 where both are equal, NaN where undefined."""
     warnings: list[str] = field(default_factory=list)
+    _relative: dict[str, xr.DataArray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def identical(self) -> bool:
         return self.first_step is None
 
+    def relative(self, stat: str, values: tuple[xr.DataArray, xr.DataArray] | None = None) -> xr.DataArray:
+        """``relative_difference`` of one statistic (step x site), in memory, computed once per statistic.
+        ``values``: the two runs' (step, site) values of ``stat`` where the caller holds them already."""
+        if stat not in self._relative:
+            if values is not None:
+                x, y = (v.sel(step=self.common_steps, site=self.common_sites) for v in values)
+                rel = relative_difference(x, y)
+            else:
+                rel = self.relative_difference.sel(stat=stat)
+            self._relative[stat] = rel.load()
+        return self._relative[stat]
+
     def largest_differences(self, stat: str = "l2", count: int = 5) -> pd.Series:
         """The ``count`` sites with the largest relative difference of ``stat`` at the last common step."""
-        last = self.relative_difference.sel(stat=stat).isel(step=-1).to_series()
+        last = self.relative(stat).isel(step=-1).to_series()
         return last.dropna().sort_values(ascending=False).head(count)
 
     def to_dict(self) -> dict[str, Any]:

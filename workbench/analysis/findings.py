@@ -14,7 +14,7 @@ from workbench.analysis.resume import resume_check
 
 
 def _largest(result: Comparison) -> float:
-    rel = result.relative_difference.sel(stat="l2").isel(step=-1)
+    rel = result.relative("l2").isel(step=-1)
     return float(rel.max(skipna=True)) if rel.size else 0.0
 
 

@@ -68,24 +68,39 @@ def growth_phase(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, i
         return float("nan"), float("nan"), int(steps[-1]) if steps.size else 0, None
     rate, intercept = (float(v) for v in np.polyfit(x, y, 1))
     line_sse = float(np.sum((y - (intercept + rate * x)) ** 2))
-    best: tuple[float, float, float, int] | None = None  # sse, rate, intercept, knee index
-    for k in range(1, x.size - 2):  # the knee leaves >= 2 plateau points after it
-        feature = np.minimum(x, x[k])
-        r, a = np.polyfit(feature, y, 1)
-        sse = float(np.sum((y - (a + r * feature)) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, float(r), float(a), k)
-    if best is not None:
-        sse, r, a, k = best
-        if r > 0 and r * (x[k] - x[0]) >= MIN_RISE_DECADES and sse <= 0.5 * line_sse:
-            return r, a, int(x[k]), int(x[k])
+    if x.size >= 4:  # the knee (index k) leaves >= 2 plateau points after it: k in 1 .. n - 3
+        r, a, sse = _knee_fits(x, y)
+        k = 1 + int(np.argmin(sse[1:x.size - 2]))
+        if r[k] > 0 and r[k] * (x[k] - x[0]) >= MIN_RISE_DECADES and sse[k] <= 0.5 * line_sse:
+            return float(r[k]), float(a[k]), int(x[k]), int(x[k])
     return rate, intercept, int(x[-1]), None
+
+
+def _knee_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares of y = a + r * min(x, x[k]) for every k at once (x ascending): (r, a, sse) per k.
+
+    The sums of the feature min(x, x[k]) are running sums up to k plus x[k] times the count (or the
+    sum of y) after it; x and y are centred first so that the sums do not cancel."""
+    n = x.size
+    x0, y0 = x.mean(), y.mean()
+    xc, yc = x - x0, y - y0
+    after = n - 1 - np.arange(n)  # points after the knee
+    sum_f = np.cumsum(xc) + after * xc
+    sum_ff = np.cumsum(xc * xc) + after * xc * xc
+    sum_fy = np.cumsum(xc * yc) + xc * (yc.sum() - np.cumsum(yc))
+    sum_y, sum_yy = yc.sum(), float(np.sum(yc * yc))
+    with np.errstate(invalid="ignore", divide="ignore"):  # k = 0: a constant feature, no slope (NaN)
+        r = (n * sum_fy - sum_f * sum_y) / (n * sum_ff - sum_f * sum_f)
+        a = (sum_y - r * sum_f) / n
+        sse = sum_yy - 2 * a * sum_y - 2 * r * sum_fy + n * a * a + 2 * a * r * sum_f + r * r * sum_ff
+        # back to uncentred x and y: y = y0 + a + r * (min(x, x_k) - x0)
+        return r, y0 + a - r * x0, np.where(np.isfinite(sse), sse, np.inf)
 
 
 def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     """Growth of ``stat``'s relative difference after ``result.first_step``: how fast (decades per
     step), for how long (until ``saturation_step``) and up to where (``plateau``)."""
-    rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
+    rel = pd.DataFrame(result.relative(stat).to_pandas())  # step x site
     rows = []
     for site in rel.columns:
         start = result.frontier.get(site)

@@ -56,7 +56,7 @@ def sites_in_model_order(sites: list[str]) -> list[str]:
 
 def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
     """step x layer (model order): median over each layer's sites of the relative difference of ``stat``."""
-    rel = pd.DataFrame(result.relative_difference.sel(stat=stat).to_pandas())  # step x site
+    rel = pd.DataFrame(result.relative(stat).to_pandas())  # step x site
     labels = pd.Index([layer_label(s) for s in rel.columns], name="layer")
     table = rel.T.groupby(labels).median().T
     return table[layer_order([str(c) for c in table.columns])]
@@ -82,11 +82,12 @@ class Ladder:
 
 
 def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor | None = None,
-           stat: str = "l2") -> Ladder:
-    """Compare every run in ``others`` with ``reference``, per layer (see the module docstring)."""
+           stat: str = "l2", comparisons: list[Comparison] | None = None) -> Ladder:
+    """Compare every run in ``others`` with ``reference``, per layer (see the module docstring);
+    ``comparisons``: ``compare(reference, run)`` of each, where the caller has them already."""
     frames, rows = [], []
-    for run in others:
-        result = compare(reference, run)
+    for i, run in enumerate(others):
+        result = comparisons[i] if comparisons is not None else compare(reference, run)
         long = per_layer_error(result, stat).stack().rename("relative_error").reset_index()
         long.insert(0, "run", run.name)
         frames.append(long)
@@ -96,7 +97,7 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
             if not check.inside:
                 exit_step, exit_site = check.first_step, check.first_site
                 exit_layer = layer_label(str(exit_site))
-        last = result.relative_difference.sel(stat=stat).isel(step=-1).to_numpy().astype(float)
+        last = result.relative(stat).isel(step=-1).to_numpy().astype(float)
         growth = amplification(result, stat)
         rows.append({"run": run.name, "identical": result.identical, "first_step": result.first_step,
                      "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,

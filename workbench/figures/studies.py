@@ -19,24 +19,27 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
 from workbench.analysis.ladder import Ladder, layer_order
-from workbench.figures.style import PALETTE, Provenance, apply_style, colour, floor_band
-
-NOISE = "noise floor (repeats)"
+from workbench.figures.style import NOISE_FLOOR, PALETTE, SEED_SPREAD, Provenance, apply_style, colour, floor_band
 
 
-def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, provenance: Provenance | None = None) -> go.Figure:
+def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder | None = None,
+                  provenance: Provenance | None = None) -> go.Figure:
     """Left: relative error per layer at the last step, one line per run. Right: relative error
-    over steps (median over layers). The noise floor (repeats against the same reference) is a band."""
+    over steps (median over layers). The noise floor (repeats against the same reference) and the
+    seed-to-seed spread (other seeds against one run) are bands."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.1,
                         subplot_titles=("per layer, last step", "over steps, median over layers"))
     final = ladder.final_by_layer()
     layers = layer_order([str(c) for c in final.columns])
-    if noise is not None and not noise.per_layer.empty:
-        noise_final = noise.final_by_layer().reindex(columns=layers)
-        floor_band(fig, layers, noise_final.min(), noise_final.max(), col=1, name=NOISE, log=True)
-        over_steps = noise.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
-        floor_band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, name=NOISE,
-                   show=False, log=True)
+    for band, is_seeds in ((seeds, True), (noise, False)):
+        if band is None or band.per_layer.empty:
+            continue
+        name = SEED_SPREAD if is_seeds else NOISE_FLOOR
+        band_final = band.final_by_layer().reindex(columns=layers)
+        floor_band(fig, layers, band_final.min(), band_final.max(), col=1, name=name, log=True, seeds=is_seeds)
+        over_steps = band.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
+        floor_band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, name=name,
+                   show=False, log=True, seeds=is_seeds)
     for i, run in enumerate(final.index):
         values = final.loc[run, layers].to_numpy(dtype=float)
         fig.add_trace(go.Scatter(x=layers, y=np.where(values > 0, values, np.nan), mode="lines+markers",

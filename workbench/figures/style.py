@@ -22,6 +22,10 @@ SEQUENTIAL = "Cividis"
 EQUAL_COLOUR = "#e8e8e8"
 """Background of a heatmap where runs are bitwise equal."""
 FLOOR_COLOUR = "rgba(120, 120, 120, 0.22)"
+SEED_COLOUR = "rgba(86, 180, 233, 0.18)"
+"""The seed-to-seed spread's band (the palette's sky blue, lighter than the noise floor's grey)."""
+NOISE_FLOOR = "noise floor (repeats)"
+SEED_SPREAD = "seed-to-seed spread"
 FONT_SIZE = 13
 FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE, color="#222222")
 
@@ -128,11 +132,15 @@ def _wrap(text: str, chars: int) -> str:
 
 def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[float], *,  # type: ignore[type-arg]
                row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
-               log: bool = False) -> None:
-    """The noise floor as a grey band from ``low`` to ``high`` over ``x`` (on a log axis, values <= 0 are gaps)."""
-    lows = np.asarray(low, dtype=float)
+               log: bool = False, seeds: bool = False) -> None:
+    """The noise floor as a grey band from ``low`` to ``high`` over ``x`` (on a log axis, values <= 0 are gaps);
+    with ``seeds``, the seed-to-seed spread as a blue one. Steps where a bound is missing are left out."""
+    lows, highs = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    kept = ~(np.isnan(lows) | np.isnan(highs))  # steps without a band (a validation loss every N steps)
     if log:
         lows = np.where(lows > 0, lows, np.nan)
-    fig.add_trace(go.Scatter(x=[*x, *x[::-1]], y=[*lows, *np.asarray(high, dtype=float)[::-1]], fill="toself",
-                             fillcolor=FLOOR_COLOUR, line=dict(width=0), name=name, hoverinfo="skip",
-                             showlegend=show, legendgroup="floor"), row=row, col=col)
+    xs = [v for v, keep in zip(x, kept, strict=True) if keep]
+    fig.add_trace(go.Scatter(x=[*xs, *xs[::-1]], y=[*lows[kept], *highs[kept][::-1]], fill="toself",
+                             fillcolor=SEED_COLOUR if seeds else FLOOR_COLOUR, line=dict(width=0), name=name,
+                             hoverinfo="skip", showlegend=show, legendgroup="seeds" if seeds else "floor"),
+                  row=row, col=col)

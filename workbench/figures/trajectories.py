@@ -6,8 +6,9 @@
 Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel
 shows every other run minus the reference, so differences of 1e-6 on a loss of 2 are
 visible; the noise floor (the envelope of repeats of one configuration) is drawn as a
-grey band in both panels. ``anomalies`` (a ``find_anomalies`` table, with a ``run`` column
-when there are several runs) are marked on the curves by ``figures.anomalies.mark_anomalies``.
+grey band in both panels, the seed-to-seed spread (runs that differ only in seed) as a blue
+one. ``anomalies`` (a ``find_anomalies`` table, with a ``run`` column when there are several
+runs) are marked on the curves by ``figures.anomalies.mark_anomalies``.
 """
 
 from __future__ import annotations
@@ -20,23 +21,26 @@ from plotly.subplots import make_subplots
 
 from workbench.errors import ArgumentError
 from workbench.figures.anomalies import mark_anomalies
-from workbench.figures.style import Provenance, apply_style, colour, floor_band
+from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, Provenance, apply_style, colour, floor_band
 
 
 def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,
                       floor: tuple[pd.Series, pd.Series] | None = None, quantity: str = "loss",
                       log_y: bool = False, provenance: Provenance | None = None,
                       title: str | None = None, anomalies: pd.DataFrame | None = None,
-                      relative: bool = False) -> go.Figure:
+                      relative: bool = False, seed_spread: tuple[pd.Series, pd.Series] | None = None) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``
-    (``relative``: the difference divided by the reference's magnitude, signed)."""
+    (``relative``: the difference divided by the reference's magnitude, signed). ``floor`` and
+    ``seed_spread`` are (low, high) envelopes drawn as bands: the noise floor and the seed-to-seed spread."""
     if reference is not None and reference not in series:
         raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
     fig = make_subplots(rows=2 if with_diff else 1, cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         row_heights=[0.62, 0.38] if with_diff else [1.0])
-    if floor is not None:
-        floor_band(fig, list(floor[0].index), floor[0], floor[1], row=1)
+    bands = [(band, seeds) for band, seeds in ((seed_spread, True), (floor, False)) if band is not None]
+    for band, seeds in bands:
+        floor_band(fig, list(band[0].index), band[0], band[1], row=1, seeds=seeds,
+                   name=SEED_SPREAD if seeds else NOISE_FLOOR)
     for i, (name, values) in enumerate(series.items()):
         width = 2.4 if name == reference else 1.5
         values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
@@ -50,8 +54,9 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
             base = ref.reindex(values.index)
             return (values - base) / base.abs() if relative else values - base
 
-        if floor is not None:
-            floor_band(fig, list(floor[0].index), difference(floor[0]), difference(floor[1]), row=2, show=False)
+        for band, seeds in bands:
+            floor_band(fig, list(band[0].index), difference(band[0]), difference(band[1]), row=2, show=False,
+                       seeds=seeds, name=SEED_SPREAD if seeds else NOISE_FLOOR)
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue

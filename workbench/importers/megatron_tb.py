@@ -5,10 +5,11 @@
 Megatron-LM's ``training.py`` writes per-iteration scalars tagged ``lm loss``, ``grad-norm``,
 ``learning-rate``, ``loss-scale``, ``iteration-time``, ``num-zeros``, ... with the 1-based
 iteration as the TensorBoard step. They become the store's per-step scalars (iteration ``k``
-is step ``k - 1``; ``tokens_per_s`` from ``--tokens-per-step`` and the iteration time where
-given); every other scalar tag is kept in the manifest's ``imported.other_tags`` by name. The
-store has no per-site records (Megatron-LM logs none), so it appears in ``ls``, the
-trajectory figures, the noise floor of scalars and the cost chart, not in site comparisons.
+is step ``k - 1``; ``lm loss validation`` is the held-out ``val_loss``; ``tokens_per_s`` from
+``--tokens-per-step`` and the iteration time where given); every other scalar tag is kept in
+the manifest's ``imported.other_tags`` by name. The store has no per-site records (Megatron-LM
+logs none), so it appears in ``ls``, the trajectory figures, the noise floor of scalars and
+the cost chart, not in site comparisons.
 TensorBoard keeps scalars as float32. Imports no torch.
 """
 
@@ -29,6 +30,9 @@ from workbench.store.manifest import RunManifest, manifest_fields
 from workbench.store.writer import ScalarWriter, create_store, now, set_status
 
 FORMAT = "megatron-lm tensorboard"
+TENSORBOARD_METRICS = {**MEGATRON_METRICS, "lm loss validation": "val_loss"}
+"""Megatron-LM's TensorBoard tags and the store scalars they are; ``evaluate_and_print_results`` writes
+``lm loss validation`` at the iteration after whose update it evaluated, which is the store's step ``k - 1``."""
 
 
 def read_megatron_scalars(logdir: str | os.PathLike[str]) -> tuple[dict[str, dict[int, float]], list[str]]:
@@ -43,13 +47,13 @@ def read_megatron_scalars(logdir: str | os.PathLike[str]) -> tuple[dict[str, dic
     accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
     accumulator.Reload()
     tags = [str(t) for t in accumulator.Tags()["scalars"]]
-    values = {MEGATRON_METRICS[t]: {int(e.step): float(e.value) for e in accumulator.Scalars(t)}
-              for t in tags if t in MEGATRON_METRICS}
+    values = {TENSORBOARD_METRICS[t]: {int(e.step): float(e.value) for e in accumulator.Scalars(t)}
+              for t in tags if t in TENSORBOARD_METRICS}
     if "loss" not in values:
         found = ", ".join(tags[:6]) if tags else "no scalars"
         raise ImportFormatError(f"{path}: no 'lm loss' scalar ({found}); expected the TensorBoard logs "
                                 "Megatron-LM's training loop writes")
-    return values, [t for t in tags if t not in MEGATRON_METRICS]
+    return values, [t for t in tags if t not in TENSORBOARD_METRICS]
 
 
 def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,

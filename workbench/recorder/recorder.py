@@ -21,11 +21,12 @@ piece, into its own chunk.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,6 +384,16 @@ class Recorder:
             if "update" in self._kinds and target.placement.contributes and self._wanted(site_id("update",
                                                                                                    target.name)):
                 self._state.before[target.name] = target.param.detach().clone()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within a step, run forward passes that are not recorded (a validation loss, say)."""
+        saved = self._state, self._offset, self._samples_seen, self._explicit_offset
+        self._state = None
+        try:
+            yield
+        finally:
+            self._state, self._offset, self._samples_seen, self._explicit_offset = saved
 
     def step_end(self, step: int) -> float:
         """Finish step ``step`` (after the optimizer step); return the recorder's seconds for it."""

@@ -50,8 +50,9 @@ from workbench.store import layout
 from workbench.store.manifest import USER_LOOP, ModelSignature, ParallelLayout, RunManifest, manifest_fields
 from workbench.store.writer import ScalarWriter, create_store, now, set_status, update_manifest
 
-LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped")
-"""What ``TrainingRun.log`` takes; ``tokens`` (this step's, all ranks together) gives tokens/s."""
+LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped", "val_loss")
+"""What ``TrainingRun.log`` takes; ``tokens`` (this step's, all ranks together) gives tokens/s;
+``val_loss`` is a held-out loss computed after the step's update, at the steps that have one."""
 
 
 def live_layout(config: Any) -> ParallelLayout:
@@ -164,6 +165,7 @@ class TrainingRun:
             raise
         self._logged: dict[int, dict[str, float]] = {}
         self._current: dict[str, float] | None = None
+        self._evaluation_s = 0.0
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
         if self._rank == 0:
@@ -198,11 +200,12 @@ class TrainingRun:
         if not 0 <= step < self._steps:
             raise ArgumentError(f"step {step} is outside the {self._steps} steps this run was created for")
         self._current = {}
+        self._evaluation_s = 0.0
         start = time.perf_counter()
         self.recorder.step_begin(step)
         yield self
         recorder_time = self.recorder.step_end(step)
-        step_time = time.perf_counter() - start
+        step_time = time.perf_counter() - start - self._evaluation_s
         row, self._current = self._current, None
         tokens = row.pop("tokens", self._tokens_per_step)
         row["step_time"] = step_time
@@ -212,6 +215,21 @@ class TrainingRun:
         self._logged[step] = row
         if len(self._logged) >= self._flush_every or step == self._steps - 1:
             self._flush_scalars(gather=True)
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[TrainingRun]:
+        """A validation pass inside a step: nothing it runs is recorded, and its time is not the step's.
+
+            with run.evaluating():
+                val_loss = evaluate(model)      # forward only, on held-out samples
+            run.log(val_loss=val_loss)
+        """
+        if self._current is None:
+            raise ArgumentError("evaluating() belongs inside `with run.step(step):`, after the optimizer step")
+        start = time.perf_counter()
+        with self.recorder.paused():
+            yield self
+        self._evaluation_s += time.perf_counter() - start
 
     def log(self, **values: Any) -> None:
         """The step's scalars this rank has (any of ``LOGGED``); tensors are read with ``float``."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from workbench import determinism
 from workbench.config import RunConfig
-from workbench.data import SyntheticCorpus, rank_microbatch_indices
+from workbench.data import SyntheticCorpus, rank_held_out_microbatches, rank_microbatch_indices
 from workbench.errors import CheckpointError
 from workbench.runner import cpu_compat
 from workbench.store import layout
@@ -122,6 +123,30 @@ class Trainer:
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_scale": loss_scale, "step_time": elapsed,
                 "tokens_per_s": cfg.tokens_per_step / max(elapsed - recorder_time, 1e-9),
                 "recorder_time": recorder_time, "skipped": 0.0 if updated else 1.0}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """The loss on the held-out samples, forward only (no gradient, no recorded site, no update)."""
+        cfg = self.cfg
+        batches = [torch.from_numpy(self.corpus.samples(indices)).to(self.device) for indices in
+                   rank_held_out_microbatches(cfg.eval.samples, micro_batch_size=cfg.micro_batch_size,
+                                              dp=cfg.layout.dp, dp_rank=self.dp_rank)]
+
+        def forward_step(data_iterator: Iterator[torch.Tensor], model: torch.nn.Module):  # type: ignore[no-untyped-def]
+            tokens = next(data_iterator)
+            inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            return model(inputs, self.position_ids, self.attention_mask, labels=labels), \
+                partial(_mean_loss, labels.numel())
+
+        self.model.ddp.eval()
+        try:
+            losses = self.forward_backward(
+                forward_step_func=forward_step, data_iterator=iter(batches), model=[self.model.ddp],
+                num_microbatches=len(batches), seq_length=cfg.model.seq_length,
+                micro_batch_size=cfg.micro_batch_size, forward_only=True)
+        finally:
+            self.model.ddp.train()
+        return self._global_loss(losses)
 
     def _global_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
         """Mean loss over the global batch, known on every rank (one all-reduce of one number)."""
@@ -242,9 +267,11 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
             break
         _check_injected_failure(rank, step)
         row = _traced_step(trainer, step, paths, rank) if step == trace_step else trainer.train_step(step)
+        row["val_loss"] = trainer.evaluate() if cfg.eval.after(step, cfg.steps) else math.nan
         if writer:
             writer.append(step, row)
-            print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f} "
+            val = f" val_loss={row['val_loss']:.4f}" if math.isfinite(row["val_loss"]) else ""
+            print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f}{val} "
                   f"grad_norm={row['grad_norm']:.3f} lr={row['lr']:.2e} step_time={row['step_time']:.3f}s",
                   flush=True)
     if trainer.recorder is not None:

@@ -6,7 +6,7 @@ A run lives in a folder:
       run.zarr/                 Zarr v3 group; attributes = the manifest
         scalars/                group, dimension ``step``
           step                  int64 [step]    coordinate 0..steps-1
-          loss, grad_norm, lr, loss_scale, step_time, tokens_per_s   float64 [step]
+          loss, grad_norm, lr, loss_scale, step_time, tokens_per_s, recorder_time, val_loss   float64 [step]
           skipped               int8 [step]     1 where fp16 overflow skipped the update
           done                  int8 [step]     1 once the step's row is written (written last)
         sites/                  group, dimensions ``step`` (recorded steps), ``site``, ``stat``
@@ -65,9 +65,12 @@ SCALAR_FIELDS: dict[str, str] = {
     "step_time": "float64",
     "tokens_per_s": "float64",
     "recorder_time": "float64",  # seconds of step_time the recorder spent; tokens_per_s leaves them out
+    "val_loss": "float64",  # held-out validation loss after the step's update; NaN where none was computed
     "skipped": "int8",
 }
 """Per-step scalars and their dtypes; seconds for ``step_time``."""
+ADDED_SCALARS = ("val_loss",)
+"""Scalars that stores written before them lack: read as NaN, left out when such a store is written to."""
 DONE_FIELD = "done"
 
 

@@ -124,6 +124,7 @@ class Run:
         group = self._scalars
         first, end = self._completed_span()
         frame = pd.DataFrame({name: layout.read(layout.array(group, name), slice(first, end))
+                              if name in group or name not in layout.ADDED_SCALARS else np.full(end - first, np.nan)
                               for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)

@@ -9,6 +9,7 @@ writes off the training thread.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import queue
 import shutil
@@ -108,16 +109,17 @@ class ScalarWriter:
     def __init__(self, run_dir: Path, flush_every: int) -> None:
         root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
         scalars = layout.subgroup(root, layout.SCALARS_GROUP)
-        self._arrays = {name: layout.array(scalars, name) for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)}
+        self._arrays = {name: layout.array(scalars, name) for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)
+                        if name in scalars or name not in layout.ADDED_SCALARS}  # an older store lacks those
         self._flush_every = flush_every
         self._rows: dict[int, Mapping[str, float]] = {}
         self._background = BackgroundWriter()
 
     def append(self, step: int, row: Mapping[str, float]) -> None:
-        missing = set(layout.SCALAR_FIELDS) - set(row)
+        missing = set(layout.SCALAR_FIELDS) - set(row) - set(layout.ADDED_SCALARS)
         if missing:
             raise KeyError(f"step {step} is missing scalars {sorted(missing)}")
-        self._rows[step] = row
+        self._rows[step] = {**{name: math.nan for name in layout.ADDED_SCALARS}, **row}
         if len(self._rows) >= self._flush_every:
             self.flush()
 
@@ -134,7 +136,8 @@ class ScalarWriter:
         for start, stop in contiguous_ranges(sorted(rows)):
             block = [rows[s] for s in range(start, stop)]
             for name in layout.SCALAR_FIELDS:
-                self._arrays[name][start:stop] = np.array([r[name] for r in block])
+                if name in self._arrays:
+                    self._arrays[name][start:stop] = np.array([r[name] for r in block])
             self._arrays[layout.DONE_FIELD][start:stop] = 1
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs o
 class CostWidget(widgets.VBox):
     def __init__(self, directory: str | Path | None = None) -> None:
         super().__init__()
+        self.add_class("workbench-cost")  # for the browser test and user CSS
         style = {"description_width": "initial"}
         self.workspace: Workspace | None = None
         self.table = pd.DataFrame()

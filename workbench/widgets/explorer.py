@@ -39,6 +39,7 @@ class DivergenceExplorer(widgets.VBox):
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
                  other: str | None = None) -> None:
         super().__init__()
+        self.add_class("workbench-explorer")  # for the browser test and user CSS
         self.workspace: Workspace | None = None
         self._matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
         self.last_update_s = 0.0
@@ -92,6 +93,7 @@ class DivergenceExplorer(widgets.VBox):
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.others + workspace.floor_runs if n != reference),
                                     candidates[0])
+        workspace.preload([reference, first_other])  # every statistic, in the background: a new one is instant
         self._quiet = True
         self.reference.options, self.reference.value = workspace.recorded, reference
         self.other.options, self.other.value = workspace.recorded, first_other

@@ -5,7 +5,8 @@
 
 Controls: the reference, the runs compared with it, the statistic and the layer range. The
 figure is the ladder (``workbench.figures.studies.ladder_figure``: relative difference per
-layer at the last step, and over steps) with the noise floor of nondeterministic repeats;
+layer at the last step, and over steps) with the noise floor of nondeterministic repeats and
+the seed-to-seed spread (runs that differ only in seed; on or off);
 clicking a run's point at a layer opens a divergence explorer below on that pair, filtered to
 that layer's sites, where clicking a site shows its trajectories and, where snapshots exist,
 the element-wise comparison. Export writes the figure and the per-layer table as CSV.
@@ -32,29 +33,33 @@ class LadderWidget(widgets.VBox):
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
                  stat: str = "l2") -> None:
         super().__init__()
+        self.add_class("workbench-ladder")  # for the browser test and user CSS
         style = {"description_width": "initial"}
         self.directory = str(directory or runs_dir())
         self.workspace: Workspace | None = None
         self.ladder: Ladder | None = None
-        self._ladders: dict[tuple[str, tuple[str, ...], str], tuple[Ladder, Ladder | None]] = {}
+        self._ladders: dict[tuple[str, tuple[str, ...], str], Ladder] = {}
+        self._bands: dict[tuple[str, str, str], Ladder | None] = {}
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.runs = widgets.SelectMultiple(description="compared runs", rows=6, style=style)
         self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
         self.layers = widgets.IntRangeSlider(description="layers", min=0, max=0, value=(0, 0), style=style,
                                              continuous_update=False)
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
+        self.seeds = widgets.Checkbox(value=True, description="seed spread", indent=False)
         self.status = widgets.HTML()
         self.figure = go.FigureWidget()
         self.export_bar = ExportBar(self.status, lambda: None if self.ladder is None else (
             {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}))
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
-        self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers]),
+        self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers,
+                                                     self.seeds]),
                                        self.runs]),
                          self.status, self.figure, self.export_bar, self.explorer_box]
         self._quiet = True
         self.open_runs(self.directory, runs=runs)
-        for control in (self.reference, self.runs, self.stat, self.layers, self.outside_layers):
+        for control in (self.reference, self.runs, self.stat, self.layers, self.outside_layers, self.seeds):
             control.observe(lambda _: self.update(), names="value")
         self._quiet = False
         self.update()
@@ -63,11 +68,12 @@ class LadderWidget(widgets.VBox):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.directory, self.workspace, self._ladders = str(directory), workspace, {}
+        self.directory, self.workspace, self._ladders, self._bands = str(directory), workspace, {}, {}
         self.reference.options, self.reference.value = workspace.recorded, workspace.reference
         self.runs.options = [n for n in workspace.recorded]
         chosen = runs or workspace.others or [n for n in workspace.recorded if n != workspace.reference][:3]
         self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.reference)
+        workspace.preload([workspace.reference, *self.runs.value, *workspace.floor_runs, *workspace.seed_runs])
         numbered = [int(lb[1:]) for lb in self._labels(workspace) if lb[0] == "L" and lb[1:].isdigit()]
         self.layers.max, self.layers.min = max(numbered, default=0), 0
         self.layers.value = (0, max(numbered, default=0))
@@ -93,19 +99,34 @@ class LadderWidget(widgets.VBox):
             return
         key = (reference, tuple(names), self.stat.value)
         if key not in self._ladders:  # the expensive part; the layer range only filters it
-            self._ladders[key] = (self.workspace.ladder(names, reference=reference, stat=self.stat.value),
-                                  self.workspace.noise_ladder(reference=reference, stat=self.stat.value))
-        full, noise = self._ladders[key]
-        self.ladder = dataclasses.replace(full, per_layer=full.per_layer[full.per_layer["layer"].map(self._kept)])
-        if noise is not None:
-            noise = dataclasses.replace(noise, per_layer=noise.per_layer[noise.per_layer["layer"].map(self._kept)])
-        figure = ladder_figure(self.ladder, noise=noise, provenance=self.workspace.provenance([reference, *names]))
+            self._ladders[key] = self.workspace.ladder(names, reference=reference, stat=self.stat.value)
+        ladder = self._within_layers(self._ladders[key])
+        assert ladder is not None
+        self.ladder = ladder
+        noise = self._within_layers(self._band("noise", reference))
+        seeds = self._within_layers(self._band("seeds", reference)) if self.seeds.value else None
+        figure = ladder_figure(self.ladder, noise=noise, seeds=seeds,
+                               provenance=self.workspace.provenance([reference, *names]))
         show(self.figure, figure)
         for trace in self.figure.data:
             if trace.name in names and trace.xaxis in (None, "x"):
                 trace.on_click(self._on_click)
         self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
                              "layer to see that layer's sites")
+
+    def _band(self, which: str, reference: str) -> Ladder | None:
+        """The noise-floor or the seed ladder against ``reference``, computed once per statistic."""
+        assert self.workspace is not None
+        key = (which, reference, self.stat.value)
+        if key not in self._bands:
+            make = self.workspace.noise_ladder if which == "noise" else self.workspace.seed_ladder
+            self._bands[key] = make(reference=reference, stat=self.stat.value)
+        return self._bands[key]
+
+    def _within_layers(self, ladder: Ladder | None) -> Ladder | None:
+        if ladder is None:
+            return None
+        return dataclasses.replace(ladder, per_layer=ladder.per_layer[ladder.per_layer["layer"].map(self._kept)])
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs:

@@ -26,6 +26,7 @@ from workbench.workspace import Workspace, runs_dir
 class SweepMatrixWidget(widgets.VBox):
     def __init__(self, directory: str | Path | None = None) -> None:
         super().__init__()
+        self.add_class("workbench-sweep")  # for the browser test and user CSS
         self.directory = str(directory or runs_dir())
         self.workspace: Workspace | None = None
         self.matrix: SweepMatrix | None = None

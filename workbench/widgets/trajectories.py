@@ -6,7 +6,10 @@
 
 Controls: the runs (several), the quantity (a per-step scalar, or "site statistic" with a site
 and a statistic), the reference, the difference panel (absolute or relative), log scale,
-the step range, the noise-floor band and the anomalies marked. Export writes the figure
+the step range, the two bands a difference is judged against (the noise floor of
+nondeterministic repeats, the seed-to-seed spread of runs that differ only in seed; for
+``val_loss``, the held-out loss, the second is the one that says whether a change matters)
+and the anomalies marked. Export writes the figure
 (PNG / SVG / PDF / HTML) and the plotted series as CSV. Only wiring lives here: data from
 ``Workspace``, the figure from ``workbench.figures.trajectories``.
 """
@@ -35,6 +38,7 @@ class TrajectoryWidget(widgets.VBox):
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
                  quantity: str = "loss", site: str | None = None, stat: str = "l2") -> None:
         super().__init__()
+        self.add_class("workbench-trajectories")  # for the browser test and user CSS
         style = {"description_width": "initial"}
         self.workspace: Workspace | None = None
         self.last_update_s = 0.0
@@ -50,6 +54,7 @@ class TrajectoryWidget(widgets.VBox):
                                                 description="difference", style=style)
         self.log_y = widgets.Checkbox(value=False, description="log scale", indent=False)
         self.floor = widgets.Checkbox(value=True, description="noise floor", indent=False)
+        self.seeds = widgets.Checkbox(value=True, description="seed spread", indent=False)
         self.anomalies = widgets.Checkbox(value=False, description="anomalies", indent=False)
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             continuous_update=False, layout=widgets.Layout(width="420px"))
@@ -58,13 +63,13 @@ class TrajectoryWidget(widgets.VBox):
             {"trajectories": go.Figure(self.figure)}, {"trajectories": pd.DataFrame(self.series())}))
         self.children = [
             widgets.HBox([self.runs, widgets.VBox([self.reference, self.quantity, self.site, self.stat])]),
-            widgets.HBox([self.difference, self.log_y, self.floor, self.anomalies]),
+            widgets.HBox([self.difference, self.log_y, self.floor, self.seeds, self.anomalies]),
             self.steps, self.status, self.figure, self.export_bar,
         ]
         self._quiet = True
         self.open_runs(directory or runs_dir(), runs=runs, site=site)
         for control in (self.runs, self.reference, self.quantity, self.site, self.stat, self.difference,
-                        self.log_y, self.floor, self.anomalies, self.steps):
+                        self.log_y, self.floor, self.seeds, self.anomalies, self.steps):
             control.observe(lambda _: self.update(), names="value")
         self._quiet = False
         self.update()
@@ -77,6 +82,7 @@ class TrajectoryWidget(widgets.VBox):
         self.workspace = workspace
         chosen = [n for n in (runs or [workspace.reference, *workspace.floor_runs, *workspace.others][:6])
                   if n in workspace.runs]
+        workspace.preload([*chosen, *workspace.floor_runs, *workspace.seed_runs])  # site statistics, read ahead
         self.runs.options = workspace.names
         self.runs.value = tuple(dict.fromkeys(chosen))
         self.reference.options = workspace.names
@@ -112,27 +118,29 @@ class TrajectoryWidget(widgets.VBox):
         reference = self.reference.value if self.reference.value in series else next(iter(series))
         site_mode = self.quantity.value == SITE_STATISTIC
         quantity = f"{self.stat.value} of {self.site.value}" if site_mode else self.quantity.value
-        floor = None
-        if self.floor.value and not site_mode:
-            floor = self.workspace.scalar_floor(self.quantity.value)
-        elif self.floor.value and self.workspace.floor_runs:
-            band = pd.DataFrame(self.workspace.site_series(self.site.value, self.stat.value,
-                                                           self.workspace.floor_runs))
-            floor = (band.min(axis=1), band.max(axis=1)) if not band.empty else None
-        if floor is not None:
-            low, high = self.steps.value
-            floor = (floor[0].loc[low:high], floor[1].loc[low:high])
+        floor = self._band(self.workspace.floor_runs) if self.floor.value else None
+        seeds = self._band(self.workspace.seed_runs) if self.seeds.value else None
         marks = None
         if self.anomalies.value:
             tables = [self.workspace.anomalies(n).assign(run=n) for n in series]
             marks = pd.concat(tables, ignore_index=True) if tables else None
-        figure = trajectory_figure(series, reference=reference, floor=floor, quantity=quantity,
+        figure = trajectory_figure(series, reference=reference, floor=floor, seed_spread=seeds, quantity=quantity,
                                    log_y=self.log_y.value, relative=self.difference.value == "relative",
                                    anomalies=marks, provenance=self.workspace.provenance(list(series)))
         show(self.figure, figure)
         self.last_update_s = time.perf_counter() - start
         self.status.value = (f"{quantity}: {len(series)} runs against {reference} "
                              f"(updated in {1000 * self.last_update_s:.0f} ms)")
+
+    def _band(self, names: list[str]) -> tuple[pd.Series, pd.Series] | None:
+        """The envelope of the quantity over ``names`` (the noise-floor or the seed runs), in the step range."""
+        assert self.workspace is not None
+        if self.quantity.value == SITE_STATISTIC:
+            band = self.workspace.site_band(self.site.value, self.stat.value, names)
+        else:
+            band = self.workspace.scalar_band(self.quantity.value, names)
+        low, high = self.steps.value
+        return None if band is None else (band[0].loc[low:high], band[1].loc[low:high])
 
     def show_site(self, site: str, stat: str | None = None, runs: list[str] | None = None) -> None:
         """Show one site's statistic (from a click elsewhere, e.g. the divergence explorer)."""
