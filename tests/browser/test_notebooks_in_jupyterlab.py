@@ -155,15 +155,19 @@ def _plot_texts(page, selector: str) -> list[str]:  # type: ignore[no-untyped-de
     return page.eval_on_selector_all(f".js-plotly-plot {selector}", "els => els.map(e => e.textContent)")
 
 
+def _wait_for_text(page, selector: str, condition: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    """Until some element matching ``selector`` has a text for which the JS ``condition`` (on ``t``) holds."""
+    page.wait_for_function(f"[...document.querySelectorAll({selector!r})].some(e => {{ const t = e.textContent; "
+                           f"return {condition}; }})", timeout=timeout * 1000)
+
+
 def test_the_trajectory_widget_reacts_to_its_quantity(jupyterlab) -> None:  # type: ignore[no-untyped-def]
     with _notebook_running(jupyterlab, TRAJECTORY_NOTEBOOK, height=2400) as page:
         quantity = page.locator(".widget-dropdown", has=page.locator("label", has_text="quantity")).locator("select")
         quantity.wait_for(timeout=120_000)
-        page.wait_for_function("[...document.querySelectorAll('.js-plotly-plot .ytitle')]"
-                               ".some(e => e.textContent === 'loss')", timeout=60_000)
+        _wait_for_text(page, ".js-plotly-plot .ytitle", "t === 'loss'")
         quantity.select_option("grad_norm")
-        page.wait_for_function("[...document.querySelectorAll('.js-plotly-plot .ytitle')]"
-                               ".some(e => e.textContent === 'grad_norm')", timeout=60_000)
+        _wait_for_text(page, ".js-plotly-plot .ytitle", "t === 'grad_norm'")
         page.screenshot(path=str(ARTIFACTS / "trajectories-in-jupyterlab.png"), full_page=True)
         trajectory_titles = _plot_texts(page, ".ytitle")
     assert "grad_norm" in trajectory_titles
@@ -174,14 +178,11 @@ def test_the_ladder_widget_reacts_to_its_statistic(jupyterlab) -> None:  # type:
         label = page.locator("label", has_text="statistic")
         statistic = page.locator(".workbench-ladder .widget-dropdown", has=label).locator("select")
         statistic.wait_for(timeout=120_000)
-        page.wait_for_function("[...document.querySelectorAll('.workbench-ladder .js-plotly-plot .gtitle')]"
-                               ".some(e => e.textContent.includes('relative difference of l2'))", timeout=120_000)
+        _wait_for_text(page, ".workbench-ladder .js-plotly-plot .gtitle", "t.includes('relative difference of l2')")
         statistic.select_option("max")
-        page.wait_for_function("[...document.querySelectorAll('.workbench-ladder .js-plotly-plot .gtitle')]"
-                               ".some(e => e.textContent.includes('relative difference of max'))", timeout=120_000)
+        _wait_for_text(page, ".workbench-ladder .js-plotly-plot .gtitle", "t.includes('relative difference of max')")
         # the trajectory widget below shows the validation loss with both bands
-        page.wait_for_function("[...document.querySelectorAll('.workbench-trajectories .js-plotly-plot .legendtext')]"
-                               ".some(e => e.textContent === 'seed-to-seed spread')", timeout=120_000)
+        _wait_for_text(page, ".workbench-trajectories .js-plotly-plot .legendtext", "t === 'seed-to-seed spread'")
         legend = _plot_texts(page, ".legendtext")
         page.screenshot(path=str(ARTIFACTS / "ladder-in-jupyterlab.png"), full_page=True)
     assert "seed-to-seed spread" in legend and "noise floor (repeats)" in legend

@@ -44,13 +44,19 @@ class Amplification:
     """The level (relative difference) it saturates at; NaN without a saturation."""
 
 
-def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    """(slope, intercept) of log10(values) against steps over the positive values; NaN with < 2 points."""
-    keep = np.isfinite(values) & (values > 0)
-    if keep.sum() < 2:
-        return float("nan"), float("nan")
-    slope, intercept = np.polyfit(steps[keep].astype(float), np.log10(values[keep]), 1)
-    return float(slope), float(intercept)
+def _slopes(steps: np.ndarray, values: np.ndarray, first_row: np.ndarray) -> np.ndarray:
+    """Per column of ``values`` (step x site), the least-squares slope of log10(values) against steps over
+    its positive values from row ``first_row`` on, every column at once; NaN with < 2 points."""
+    rows = np.arange(values.shape[0])[:, None]
+    keep = (rows >= first_row[None, :]) & np.isfinite(values) & (values > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(keep, np.log10(np.where(keep, values, 1.0)), 0.0)
+        x = np.where(keep, steps.astype(float)[:, None], 0.0)
+        n = keep.sum(axis=0)
+        x_mean, y_mean = x.sum(axis=0) / n, y.sum(axis=0) / n
+        xc = np.where(keep, x - x_mean, 0.0)
+        slope = (xc * np.where(keep, y - y_mean, 0.0)).sum(axis=0) / (xc * xc).sum(axis=0)
+    return np.where(n >= 2, slope, np.nan)
 
 
 def growth_phase(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, int, int | None]:
@@ -101,16 +107,19 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     """Growth of ``stat``'s relative difference after ``result.first_step``: how fast (decades per
     step), for how long (until ``saturation_step``) and up to where (``plateau``)."""
     rel = pd.DataFrame(result.relative(stat).to_pandas())  # step x site
-    rows = []
-    for site in rel.columns:
-        start = result.frontier.get(site)
-        series = rel[site] if start is None else rel[site].loc[start:]
-        values = series.to_numpy(dtype=float)
-        rows.append({"site": site, "first_step": start,
-                     "initial": values[0] if start is not None and len(values) else np.nan,
-                     "final": values[-1] if len(values) else np.nan,
-                     "rate": _fit(series.index.to_numpy(), values)[0] if start is not None else np.nan})
-    per_site = pd.DataFrame(rows).set_index("site")
+    values = rel.to_numpy(dtype=float)
+    steps = rel.index.to_numpy()
+    starts = np.array([result.frontier.get(site, -1) for site in rel.columns])  # -1: never differs
+    diverged = starts >= 0
+    first_row = np.searchsorted(steps, np.where(diverged, starts, steps[0]))  # the frontier step's row
+    columns = np.arange(values.shape[1])
+    per_site = pd.DataFrame({
+        "first_step": pd.Series(starts).where(diverged).astype("Int64").to_numpy(),  # NA: never differs
+        "initial": np.where(diverged & (first_row < len(steps)),
+                            values[np.minimum(first_row, len(steps) - 1), columns], np.nan),
+        "final": values[-1] if len(steps) else np.full(values.shape[1], np.nan),
+        "rate": np.where(diverged, _slopes(steps, values, first_row), np.nan),
+    }, index=pd.Index(rel.columns, name="site"))
     overall = rel.median(axis=1, skipna=True)
     if result.first_step is None:
         return Amplification(stat, per_site, overall, float("nan"))

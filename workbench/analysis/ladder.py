@@ -13,6 +13,7 @@ so one tiny bias cannot hide a layer and one large outlier cannot speak for it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +57,15 @@ def sites_in_model_order(sites: list[str]) -> list[str]:
 
 def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
     """step x layer (model order): median over each layer's sites of the relative difference of ``stat``."""
-    rel = pd.DataFrame(result.relative(stat).to_pandas())  # step x site
-    labels = pd.Index([layer_label(s) for s in rel.columns], name="layer")
-    table = rel.T.groupby(labels).median().T
-    return table[layer_order([str(c) for c in table.columns])]
+    rel = result.relative(stat)  # step x site
+    values = rel.to_numpy()
+    labels = np.array([layer_label(str(s)) for s in rel["site"].to_numpy()])
+    order = layer_order(sorted(set(labels.tolist())))
+    with warnings.catch_warnings():  # a layer whose sites are all NaN at a step has a NaN median there
+        warnings.simplefilter("ignore", RuntimeWarning)
+        medians = {label: np.nanmedian(values[:, labels == label], axis=1) for label in order}
+    return pd.DataFrame(medians, index=pd.Index(rel["step"].to_numpy(), name="step"),
+                        columns=pd.Index(order, name="layer"))
 
 
 @dataclass(frozen=True)
