@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import sys
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -204,3 +205,36 @@ def test_figure_to_bytes_uses_the_figure_layout_size() -> None:
     png = figure_to_bytes(fig, "png", scale=1.0)
     assert struct.unpack(">II", png[16:24]) == (200, 100)
     assert figure_to_bytes(fig, "html").lower().startswith(b"<!doctype html>")
+
+
+def test_a_kaleido_page_that_was_not_ready_is_rendered_again_on_a_fresh_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine kaleido may call its render function before its page defined it; the export starts
+    a fresh page for that figure (twice at most) instead of failing the whole export."""
+    import types
+
+    class JavascriptError(Exception):
+        pass
+
+    opened: list[int] = []
+    failures = iter([True, False, False])  # the first page is not ready, the second one is
+
+    class FakeKaleido:
+        def __init__(self, **_: object) -> None:
+            opened.append(1)
+
+        async def __aenter__(self) -> FakeKaleido:
+            return self
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+        async def calc_fig(self, figure: dict, opts: dict) -> bytes:  # type: ignore[type-arg]
+            if next(failures):
+                raise JavascriptError("{'description': 'ReferenceError: kaleido_scopes is not defined'}")
+            return str(figure["name"]).encode()
+
+    monkeypatch.setitem(sys.modules, "kaleido", types.SimpleNamespace(Kaleido=FakeKaleido))
+    jobs = [export._Job(name=n, fmt="svg", path=None, figure={"name": n}, opts={}) for n in ("a", "b")]
+    rendered = list(export._render(jobs, "chromium", None))
+    assert [(job.name, data) for job, data in rendered] == [("a", b"a"), ("b", b"b")] and len(opened) == 2

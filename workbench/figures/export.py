@@ -42,6 +42,8 @@ BROWSER_CANDIDATES: tuple[str, ...] = ("/usr/bin/chromium", "chromium", "chromiu
 """Looked for in this order when ``BROWSER_PATH`` is unset; bare names are searched on PATH."""
 RENDER_TIMEOUT_S = 90.0
 """Longest one image may take before kaleido gives up on it."""
+PAGE_NOT_READY_RETRIES = 2
+"""Times an export starts a fresh browser page when kaleido's own page was not ready for a render."""
 _INSTALL_HINT = (
     "Install Chromium (`apt-get install chromium` on Debian/Ubuntu) or set BROWSER_PATH to a Chrome/Chromium "
     "binary. HTML export works without a browser."
@@ -222,18 +224,30 @@ async def _render_all(jobs: Sequence[_Job], browser: str, mathjax: Path | None, 
                       stop: threading.Event) -> None:
     import kaleido  # imported here: a missing kaleido should only fail static export, not HTML or the import
 
-    # kaleido's mathjax=False leaves MathJax out of its page; None would mean "fetch it from a CDN".
-    async with kaleido.Kaleido(n=1, timeout=RENDER_TIMEOUT_S, path=browser,
-                               mathjax=mathjax if mathjax else False) as k:
-        for job in jobs:
-            if stop.is_set():
-                return
-            try:
-                data = await k.calc_fig(job.figure, opts=job.opts)
-            except Exception as error:
-                results.put(_Failed(error, job))
-                return
-            results.put((job, data))
+    pending, retries = list(jobs), PAGE_NOT_READY_RETRIES
+    while pending:
+        # kaleido's mathjax=False leaves MathJax out of its page; None would mean "fetch it from a CDN".
+        async with kaleido.Kaleido(n=1, timeout=RENDER_TIMEOUT_S, path=browser,
+                                   mathjax=mathjax if mathjax else False) as k:
+            while pending:
+                job = pending[0]
+                if stop.is_set():
+                    return
+                try:
+                    data = await k.calc_fig(job.figure, opts=job.opts)
+                except Exception as error:
+                    if retries > 0 and _page_not_ready(error):
+                        retries -= 1
+                        break  # a fresh browser page for this job and the rest
+                    results.put(_Failed(error, job))
+                    return
+                pending.pop(0)
+                results.put((job, data))
+
+
+def _page_not_ready(error: BaseException) -> bool:
+    """kaleido ran its render call before its page's script had defined it (seen on a loaded machine)."""
+    return type(error).__name__ == "JavascriptError" and "kaleido_scopes is not defined" in str(error)
 
 
 def _export_error(failed: _Failed, browser: str) -> ExportError:

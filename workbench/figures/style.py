@@ -134,13 +134,17 @@ def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[flo
                row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
                log: bool = False, seeds: bool = False) -> None:
     """The noise floor as a grey band from ``low`` to ``high`` over ``x`` (on a log axis, values <= 0 are gaps);
-    with ``seeds``, the seed-to-seed spread as a blue one. Steps where a bound is missing are left out."""
+    with ``seeds``, the seed-to-seed spread as a blue one. Steps where a bound is missing are left out; a band
+    of no width (one run) is drawn as a dotted line."""
     lows, highs = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
     kept = ~(np.isnan(lows) | np.isnan(highs))  # steps without a band (a validation loss every N steps)
     if log:
         lows = np.where(lows > 0, lows, np.nan)
     xs = [v for v, keep in zip(x, kept, strict=True) if keep]
-    fig.add_trace(go.Scatter(x=[*xs, *xs[::-1]], y=[*lows[kept], *highs[kept][::-1]], fill="toself",
-                             fillcolor=SEED_COLOUR if seeds else FLOOR_COLOUR, line=dict(width=0), name=name,
-                             hoverinfo="skip", showlegend=show, legendgroup="seeds" if seeds else "floor"),
-                  row=row, col=col)
+    fill = SEED_COLOUR if seeds else FLOOR_COLOUR
+    # one run (or runs that agree) gives a band of no width: drawn as its edge, in the band's colour made opaque
+    edge = dict(width=2, dash="dot", color=fill.rsplit(",", 1)[0].replace("rgba", "rgb") + ")") \
+        if np.array_equal(lows[kept], highs[kept], equal_nan=True) else dict(width=0)
+    fig.add_trace(go.Scatter(x=[*xs, *xs[::-1]], y=[*lows[kept], *highs[kept][::-1]], fill="toself", mode="lines",
+                             fillcolor=fill, line=edge, name=name, hoverinfo="skip", showlegend=show,
+                             legendgroup="seeds" if seeds else "floor"), row=row, col=col)
