@@ -411,7 +411,8 @@ class Workspace:
 
     def site_band(self, site: str, stat: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of one site's statistic over the recorded runs among ``names``."""
-        table = pd.DataFrame(self.site_series(site, stat, [n for n in names if n in self.recorded]))
+        names = [n for n in names if n in self.recorded]
+        table = pd.DataFrame(self.site_series(site, stat, names)) if names else pd.DataFrame()
         return (table.min(axis=1), table.max(axis=1)) if not table.empty else None
 
     def snapshot_differences(self, a: str, b: str, step: int,

@@ -37,6 +37,7 @@ def test_controls_change_what_is_plotted(folder: Path, tmp_path: Path) -> None:
     widget.site.value = "grad:layers.0.mlp.linear_fc1.weight" if "grad:layers.0.mlp.linear_fc1.weight" in \
         widget.site.options else widget.site.options[0]
     site_curves = lines(widget)
+    assert not [t for t in widget.figure.data if "noise floor" in str(t.name)]  # no repeats here: no band
     expected = widget.workspace.site_series(widget.site.value, "l2", ["early"])["early"]  # type: ignore[union-attr]
     assert np.allclose(site_curves["early"], expected.to_numpy())
     widget.stat.value = "max"

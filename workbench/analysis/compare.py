@@ -110,11 +110,18 @@ def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
 
 
 def _relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # in place where it can be: this runs over every (step, site) of a statistic whenever one is first shown
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf - inf, x / 0: NaN, as documented
-        scale = np.maximum(np.abs(x), np.abs(y))
-        diff = np.abs(x - y) / np.where(scale > 0, scale, np.nan)
-    both_equal = (x == y) | (np.isnan(x) & np.isnan(y))
-    return np.where(both_equal, 0.0, diff)
+        scale = np.abs(x)
+        np.maximum(scale, np.abs(y), out=scale)
+        scale[scale == 0] = np.nan
+        diff = np.subtract(x, y)
+        np.abs(diff, out=diff)
+        np.divide(diff, scale, out=diff)
+    both_equal = x == y
+    both_equal |= np.isnan(x) & np.isnan(y)
+    diff[both_equal] = 0.0
+    return diff
 
 
 def relative_difference(x: xr.DataArray, y: xr.DataArray) -> xr.DataArray:

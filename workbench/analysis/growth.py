@@ -44,9 +44,22 @@ class Amplification:
     """The level (relative difference) it saturates at; NaN without a saturation."""
 
 
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(values, axis=1)`` without its row-by-row loop where NaNs are present: each row sorted
+    (NaN last), the middle of its finite count taken; NaN for a row without a value."""
+    if values.shape[1] == 0:
+        return np.full(values.shape[0], np.nan)
+    ordered = np.sort(values, axis=1)
+    count = (~np.isnan(values)).sum(axis=1)
+    rows, n = np.arange(values.shape[0]), np.maximum(count, 1)  # a row of NaN only: masked below
+    middle = (ordered[rows, (n - 1) // 2] + ordered[rows, n // 2]) / 2
+    return np.where(count > 0, middle, np.nan)
+
 def _slopes(steps: np.ndarray, values: np.ndarray, first_row: np.ndarray) -> np.ndarray:
     """Per column of ``values`` (step x site), the least-squares slope of log10(values) against steps over
     its positive values from row ``first_row`` on, every column at once; NaN with < 2 points."""
+    start = int(first_row.min(initial=values.shape[0]))  # no column looks at the rows before
+    values, steps, first_row = values[start:], steps[start:], first_row - start
     rows = np.arange(values.shape[0])[:, None]
     keep = (rows >= first_row[None, :]) & np.isfinite(values) & (values > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -118,9 +131,9 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
         "initial": np.where(diverged & (first_row < len(steps)),
                             values[np.minimum(first_row, len(steps) - 1), columns], np.nan),
         "final": values[-1] if len(steps) else np.full(values.shape[1], np.nan),
-        "rate": np.where(diverged, _slopes(steps, values, first_row), np.nan),
+        "rate": np.where(diverged, _slopes(steps, values, np.where(diverged, first_row, len(steps))), np.nan),
     }, index=pd.Index(rel.columns, name="site"))
-    overall = rel.median(axis=1, skipna=True)
+    overall = pd.Series(row_nanmedian(values), index=rel.index)
     if result.first_step is None:
         return Amplification(stat, per_site, overall, float("nan"))
     after = overall.loc[result.first_step:]

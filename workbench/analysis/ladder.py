@@ -13,14 +13,13 @@ so one tiny bias cannot hide a layer and one large outlier cannot speak for it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import Comparison, compare
-from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor
+from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor, row_nanmedian
 from workbench.analysis.records import RunRecords
 from workbench.sites import SITE_KINDS, layer_of, split_site
 
@@ -61,11 +60,10 @@ def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
     values = rel.to_numpy()
     labels = np.array([layer_label(str(s)) for s in rel["site"].to_numpy()])
     order = layer_order(sorted(set(labels.tolist())))
-    with warnings.catch_warnings():  # a layer whose sites are all NaN at a step has a NaN median there
-        warnings.simplefilter("ignore", RuntimeWarning)
-        medians = {label: np.nanmedian(values[:, labels == label], axis=1) for label in order}
+    medians = {label: row_nanmedian(values[:, labels == label]) for label in order}
     return pd.DataFrame(medians, index=pd.Index(rel["step"].to_numpy(), name="step"),
                         columns=pd.Index(order, name="layer"))
+
 
 
 @dataclass(frozen=True)

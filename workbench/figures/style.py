@@ -140,11 +140,12 @@ def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[flo
     kept = ~(np.isnan(lows) | np.isnan(highs))  # steps without a band (a validation loss every N steps)
     if log:
         lows = np.where(lows > 0, lows, np.nan)
-    xs = [v for v, keep in zip(x, kept, strict=True) if keep]
+    xs = np.asarray(x)[kept]
     fill = SEED_COLOUR if seeds else FLOOR_COLOUR
     # one run (or runs that agree) gives a band of no width: drawn as its edge, in the band's colour made opaque
     edge = dict(width=2, dash="dot", color=fill.rsplit(",", 1)[0].replace("rgba", "rgb") + ")") \
         if np.array_equal(lows[kept], highs[kept], equal_nan=True) else dict(width=0)
-    fig.add_trace(go.Scatter(x=[*xs, *xs[::-1]], y=[*lows[kept], *highs[kept][::-1]], fill="toself", mode="lines",
+    fig.add_trace(go.Scatter(x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([lows[kept], highs[kept][::-1]]),
+                             fill="toself", mode="lines",
                              fillcolor=fill, line=edge, name=name, hoverinfo="skip", showlegend=show,
                              legendgroup="seeds" if seeds else "floor"), row=row, col=col)

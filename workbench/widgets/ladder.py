@@ -126,7 +126,9 @@ class LadderWidget(widgets.VBox):
     def _within_layers(self, ladder: Ladder | None) -> Ladder | None:
         if ladder is None:
             return None
-        return dataclasses.replace(ladder, per_layer=ladder.per_layer[ladder.per_layer["layer"].map(self._kept)])
+        layers = ladder.per_layer["layer"]
+        kept = [label for label in layers.unique() if self._kept(str(label))]
+        return dataclasses.replace(ladder, per_layer=ladder.per_layer[layers.isin(kept)])
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs:
