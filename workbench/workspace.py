@@ -354,10 +354,8 @@ class Workspace:
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
         """One statistic of every site and step of a run, in memory (step, site); cached (and read in the
-        background for the runs ``preload`` was given)."""
-        loading = self._loading.get(name)
-        if loading is not None and (name, stat) not in self._stat_values:
-            loading.join()  # the background read brings every statistic of this run
+        background for the runs ``preload`` was given). One not read yet is read now, without waiting for
+        the background read of all of them: the first figure does not wait for every statistic."""
         if (name, stat) not in self._stat_values:
             self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
         return self._stat_values[(name, stat)]
