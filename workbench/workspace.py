@@ -41,7 +41,7 @@ from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
-from workbench.errors import ArgumentError, RunNotFoundError
+from workbench.errors import ArgumentError, RunNotFoundError, WorkbenchError
 from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.manifest import RUNNER
@@ -76,7 +76,12 @@ def repeat_key(run: Run, *, seed: bool = True) -> tuple[object, ...] | None:
     if manifest.get("resumes") or manifest.get("fault", "none") != "none" or manifest.get("replay"):
         return None
     if info.producer == RUNNER and isinstance(manifest.get("config_hash"), str):
-        return ("config", manifest["config_hash"] if seed else run.config.numerics_hash(seed=False))
+        if seed:
+            return ("config", manifest["config_hash"])
+        try:
+            return ("config", run.config.numerics_hash(seed=False))
+        except WorkbenchError:  # a config this version cannot read: it is nobody's other seed
+            return None
     if info.model is None or info.seed is None or info.deterministic is None:
         return None
     return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
