@@ -93,12 +93,13 @@ class DivergenceExplorer(widgets.VBox):
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.others + workspace.floor_runs if n != reference),
                                     candidates[0])
-        workspace.preload([reference, first_other])  # every statistic, in the background: a new one is instant
         self._quiet = True
         self.reference.options, self.reference.value = workspace.recorded, reference
         self.other.options, self.other.value = workspace.recorded, first_other
         self._quiet = False
         self.update(reset_ranges=True)
+        # then every statistic, in the background (after the first heatmap, so as not to slow it down)
+        workspace.preload([reference, first_other])
 
     def _matrix(self) -> pd.DataFrame:
         """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""

@@ -63,6 +63,13 @@ class LadderWidget(widgets.VBox):
             control.observe(lambda _: self.update(), names="value")
         self._quiet = False
         self.update()
+        self._preload()
+
+    def _preload(self) -> None:
+        """Every statistic of the runs shown, in the background, once the first ladder is drawn."""
+        if self.workspace is not None:
+            ws = self.workspace
+            ws.preload([self.reference.value, *self.runs.value, *ws.floor_runs, *ws.seed_runs])
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None) -> None:
         workspace = open_workspace(directory, self.status, pairs=True)
@@ -73,10 +80,11 @@ class LadderWidget(widgets.VBox):
         self.runs.options = [n for n in workspace.recorded]
         chosen = runs or workspace.others or [n for n in workspace.recorded if n != workspace.reference][:3]
         self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.reference)
-        workspace.preload([workspace.reference, *self.runs.value, *workspace.floor_runs, *workspace.seed_runs])
         numbered = [int(lb[1:]) for lb in self._labels(workspace) if lb[0] == "L" and lb[1:].isdigit()]
         self.layers.max, self.layers.min = max(numbered, default=0), 0
         self.layers.value = (0, max(numbered, default=0))
+        if not self._quiet:  # opened again later: its ladder is drawn by now
+            self._preload()
 
     @staticmethod
     def _labels(workspace: Workspace) -> list[str]:
