@@ -58,12 +58,17 @@ def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | N
     if steps is not None:
         equal = equal.loc[steps[0]:steps[1]]
         rel = rel.sel(step=slice(steps[0], steps[1]))
-    equal = equal[order]
-    values = rel.sel(site=order).transpose("step", "site").to_numpy().astype(float)  # [step, site]
+    is_equal = equal.to_numpy()[:, equal.columns.get_indexer(order)]  # [step, site], sites in model order
+    values = np.asarray(rel.sel(site=order).transpose("step", "site").to_numpy(), dtype=float)
+    # in place: this runs over every (step, site) whenever a statistic is first shown
+    log = np.empty_like(values)
     with np.errstate(divide="ignore", invalid="ignore"):
-        log = np.log10(values)
-    log = np.where(np.isfinite(log), log, np.where(values == 0, DIFFERS_ONLY_IN_BITS, 0.0))
-    log = np.where(equal.to_numpy(), BITWISE_EQUAL, np.clip(log, DIFFERS_ONLY_IN_BITS, 0.0))
+        np.log10(values, out=log)
+    undefined = ~np.isfinite(log)  # 0 (the statistic cannot see the difference), NaN or inf
+    np.copyto(log, 0.0, where=undefined)
+    np.copyto(log, DIFFERS_ONLY_IN_BITS, where=values == 0)
+    np.clip(log, DIFFERS_ONLY_IN_BITS, 0.0, out=log)
+    np.copyto(log, BITWISE_EQUAL, where=is_equal)
     return pd.DataFrame(log.T, index=pd.Index(order, name="site"), columns=equal.index)
 
 
