@@ -98,6 +98,7 @@ class Workspace:
         self._records: dict[str, RunRecords] = {}
         self._comparisons: dict[tuple[str, str], Comparison] = {}
         self._stat_values: dict[tuple[str, str], xr.DataArray] = {}
+        self._scalars: dict[str, pd.DataFrame] = {}
         self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
         self._loading: dict[str, threading.Thread] = {}
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
@@ -145,7 +146,7 @@ class Workspace:
         rules = rules or AnomalyRules()
         if (name, rules) not in self._anomalies:
             records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
-            self._anomalies[(name, rules)] = find_anomalies(self.runs[name].scalars, records, rules)
+            self._anomalies[(name, rules)] = find_anomalies(self.scalars(name), records, rules)
         return self._anomalies[(name, rules)]
 
     def sweep_matrix(self, names: Iterable[str] | None = None) -> SweepMatrix:
@@ -307,11 +308,11 @@ class Workspace:
             raise ArgumentError(f"measure {measure!r}: tokens_per_s or step_time")
         wanted = set(configs) if configs is not None else None
 
-        def rate(run: Run) -> np.ndarray:
-            values = run.scalars[measure].to_numpy(dtype=float)
+        def rate(name: str) -> np.ndarray:
+            values = self.scalars(name)[measure].to_numpy(dtype=float)
             return values if measure == "tokens_per_s" else 1.0 / values
 
-        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), rate(run))
+        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), rate(name))
                    for name, run in self.runs.items()
                    if name not in self.faulted and run.info.deterministic is not None
                    and (wanted is None or run.info.configuration() in wanted)]
@@ -339,7 +340,13 @@ class Workspace:
 
     def scalar(self, column: str = "loss", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
         """One per-step scalar (``loss``, ``grad_norm``, ``step_time`` ...) of each run."""
-        return {n: self.runs[n].scalars[column] for n in (names or self.names)}
+        return {n: self.scalars(n)[column] for n in (names or self.names)}
+
+    def scalars(self, name: str) -> pd.DataFrame:
+        """``Run.scalars`` of one run, read once (a workspace is a view of its runs as they were when opened)."""
+        if name not in self._scalars:
+            self._scalars[name] = self.runs[name].scalars
+        return self._scalars[name]
 
     def scalar_floor(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of a scalar over the noise-floor runs."""
