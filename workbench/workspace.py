@@ -359,10 +359,7 @@ class Workspace:
     def scalar_band(self, column: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step, over the runs that have a value) of a scalar; None for no runs."""
         names = list(names)
-        if not names:
-            return None
-        table = pd.DataFrame(self.scalar(column, names))
-        return table.min(axis=1), table.max(axis=1)
+        return _envelope(self.scalar(column, names)) if names else None
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
         """One statistic of every site and step of a run, in memory (step, site); cached (and read in the
@@ -422,8 +419,7 @@ class Workspace:
     def site_band(self, site: str, stat: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of one site's statistic over the recorded runs among ``names``."""
         names = [n for n in names if n in self.recorded]
-        table = pd.DataFrame(self.site_series(site, stat, names)) if names else pd.DataFrame()
-        return (table.min(axis=1), table.max(axis=1)) if not table.empty else None
+        return _envelope(self.site_series(site, stat, names)) if names else None
 
     def snapshot_differences(self, a: str, b: str, step: int,
                              sites: Iterable[str] | None = None) -> dict[str, ElementwiseDifference]:
@@ -441,3 +437,9 @@ class Workspace:
                           configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
                           schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
                           revision=", ".join(r[:12] for r in revisions) or None)
+
+
+def _envelope(series: dict[str, pd.Series]) -> tuple[pd.Series, pd.Series] | None:
+    """(min, max) per step over the runs' series that have a value there; None without any series."""
+    table = pd.DataFrame(series)
+    return (table.min(axis=1), table.max(axis=1)) if not table.empty else None

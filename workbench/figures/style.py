@@ -24,6 +24,8 @@ EQUAL_COLOUR = "#e8e8e8"
 FLOOR_COLOUR = "rgba(120, 120, 120, 0.22)"
 SEED_COLOUR = "rgba(86, 180, 233, 0.18)"
 """The seed-to-seed spread's band (the palette's sky blue, lighter than the noise floor's grey)."""
+BAND_EDGES = {FLOOR_COLOUR: "rgb(120, 120, 120)", SEED_COLOUR: "rgb(86, 180, 233)"}
+"""Each band's colour made opaque: the dotted line of a band of no width."""
 NOISE_FLOOR = "noise floor (repeats)"
 SEED_SPREAD = "seed-to-seed spread"
 FONT_SIZE = 13
@@ -143,7 +145,7 @@ def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[flo
     xs = np.asarray(x)[kept]
     fill = SEED_COLOUR if seeds else FLOOR_COLOUR
     # one run (or runs that agree) gives a band of no width: drawn as its edge, in the band's colour made opaque
-    edge = dict(width=2, dash="dot", color=fill.rsplit(",", 1)[0].replace("rgba", "rgb") + ")") \
+    edge = dict(width=2, dash="dot", color=BAND_EDGES[fill]) \
         if np.array_equal(lows[kept], highs[kept], equal_nan=True) else dict(width=0)
     fig.add_trace(go.Scatter(x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([lows[kept], highs[kept][::-1]]),
                              fill="toself", mode="lines",
