@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
 
@@ -101,7 +101,9 @@ class Workspace:
         self._scalars: dict[str, pd.DataFrame] = {}
         self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
         self._loading: dict[str, threading.Thread] = {}
+        self._ahead: list[threading.Thread] = []
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
+        self._ahead_bytes = self._preload_bytes
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -389,11 +391,40 @@ class Workspace:
             started.append(name)
         return started
 
+    def read_ahead(self, tasks: Iterable[Callable[[], int]]) -> None:
+        """Run ``tasks`` one after another in the background, once the statistics ``preload`` reads are in:
+        the views a widget may show next (each task computes and caches one, and returns the bytes it keeps
+        beyond the relative differences, which ``derived_bytes`` counts), while they fit in as much memory
+        again as ``preload`` may fill. A task that fails is skipped: its view
+        fails again, with its message, when it is asked for."""
+        tasks = list(tasks)
+
+        def run() -> None:
+            for thread in list(self._loading.values()):
+                thread.join()
+            for task in tasks:
+                if self._ahead_bytes - self.derived_bytes() <= 0:
+                    return
+                try:
+                    self._ahead_bytes -= task()
+                except Exception:  # noqa: BLE001, S112 - see the docstring
+                    continue
+
+        thread = threading.Thread(target=run, name="read-ahead", daemon=True)
+        self._ahead.append(thread)
+        thread.start()
+
+    def derived_bytes(self) -> int:
+        """Memory held by the relative differences the cached comparisons computed."""
+        return sum(c.relative_bytes() for c in list(self._comparisons.values()))
+
     def preloaded(self, timeout: float | None = None) -> bool:
-        """Wait (up to ``timeout`` seconds) for the background reads; whether they have all finished."""
-        for thread in list(self._loading.values()):
+        """Wait (up to ``timeout`` seconds each) for the background reads and read-aheads; whether they have all
+        finished."""
+        threads = [*self._loading.values(), *self._ahead]
+        for thread in threads:
             thread.join(timeout)
-        return not any(t.is_alive() for t in self._loading.values())
+        return not any(t.is_alive() for t in threads)
 
     def _load_every_stat(self, name: str) -> None:
         try:

@@ -214,3 +214,20 @@ def test_study_findings_name_identical_repeats_and_first_differences() -> None:
     assert lines[3].startswith("tp2 vs det-r0: first differ at step 0, site act:layers.0.mlp")
     assert "nondeterministic repeats:" in lines[3]
     assert len(lines) == 4  # no repeat is compared with the reference: det-r1 and nondet-r1 were, with their first
+
+
+def test_the_relative_difference_block_by_block_is_the_formula_everywhere() -> None:
+    from workbench.analysis.compare import _BLOCK, _relative
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, _BLOCK + 17))  # several blocks and a short last one
+    y = x + rng.standard_normal(x.shape) * 1e-3
+    specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0])
+    for array in (x, y):
+        cells = rng.integers(0, array.size, 5000)
+        array.reshape(-1)[cells] = rng.choice(specials, cells.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = np.abs(x - y) / np.maximum(np.abs(x), np.abs(y))
+    expected[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0
+    np.testing.assert_array_equal(_relative(x, y), expected)
+    np.testing.assert_array_equal(_relative(x[:, ::2], y[:, ::2]), expected[:, ::2])  # strided inputs

@@ -131,3 +131,23 @@ def test_elementwise_and_cost_figures() -> None:
     assert [t.name for t in fig.data[:2]] == ["deterministic", "default"]
     tax = fig.data[2]
     assert tax.y[0] == 10.0 and tax.error_y.array[0] == 5.0 and tax.error_y.arrayminus[0] == 5.0
+
+
+def test_the_heatmap_matrix_block_by_block_is_the_cell_by_cell_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.figures.divergence as divergence
+    from workbench.figures.divergence import DIFFERS_ONLY_IN_BITS
+
+    a = records("a", steps=9)
+    result = compare(a, perturb(a, "b", step=2, site="act:layers.0.mlp"))
+    rel = result.relative_difference.sel(stat="l2").copy()
+    rel[4, 0], rel[5, 1], rel[6, 2] = 0.0, np.nan, 1e-30  # unseen by the statistic, undefined, below the scale
+    monkeypatch.setattr(divergence, "_BLOCK_CELLS", 25)  # 10 sites: 2 steps a block, the last one short
+    matrix = heatmap_matrix(result, relative=rel)
+    for site in matrix.index:
+        for step in matrix.columns:
+            value, equal = float(rel.sel(step=step, site=site)), bool(result.equal.loc[step, site])
+            expected = (BITWISE_EQUAL if equal else DIFFERS_ONLY_IN_BITS if value == 0 else
+                        0.0 if not np.isfinite(value) else float(np.clip(np.log10(value), DIFFERS_ONLY_IN_BITS, 0)))
+            assert matrix.loc[site, step] == expected, (site, step)
+    with pytest.raises(KeyError, match="not sites both runs recorded"):
+        heatmap_matrix(result, sites=[*SITES[:2], "act:layers.9.mlp"], relative=rel)

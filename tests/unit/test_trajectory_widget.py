@@ -77,3 +77,15 @@ def test_the_explorer_exports_its_figures_and_the_heatmap_data(folder: Path, tmp
 def test_a_folder_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     widget = TrajectoryWidget(tmp_path / "absent")
     assert "cannot open" in widget.status.value
+
+
+def test_the_explorer_detail_follows_the_statistic_for_the_clicked_site(folder: Path) -> None:
+    explorer = DivergenceExplorer(folder, reference="base", other="early")
+    site = explorer.workspace.records("base").sites[5]  # type: ignore[union-attr]
+    explorer._on_click(None, SimpleNamespace(xs=[4], ys=[site]), None)
+    assert explorer.detail.layout.title.text.startswith(f"l2 of {site}")
+    explorer.stat.value = "max"
+    assert explorer.detail.layout.title.text.startswith(f"max of {site}") and explorer.selected == (site, 4)
+    expected = explorer.workspace.site_series(site, "max", ["early"])["early"]  # type: ignore[union-attr]
+    curve = next(t for t in explorer.detail.data if t.name == "early" and t.yaxis in (None, "y"))
+    np.testing.assert_array_equal(np.asarray(curve.y, dtype=float), expected.to_numpy())

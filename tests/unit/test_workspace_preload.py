@@ -32,3 +32,32 @@ def test_runs_beyond_the_budget_stay_lazy(tmp_path: Path, monkeypatch: pytest.Mo
     ws = Workspace.open(tmp_path)
     assert ws.preload(["a"]) == [] and ws.preloaded(timeout=0)
     assert ws.stat_values("a", "max").shape == (40, 30)  # read on demand, as before
+
+
+def test_views_read_ahead_after_the_statistics_within_the_budget(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    write_synthetic_run(tmp_path / "a", steps=40, sites=30, seed=1)
+    write_synthetic_run(tmp_path / "b", steps=40, sites=30, seed=1, diverge_at=(10, 3))
+    ws = Workspace.open(tmp_path)
+    ws.preload(["a", "b"])
+    ran: list[str] = []
+
+    def view(stat: str) -> int:
+        ran.append(stat)
+        assert ("a", stat) in ws._stat_values, "a view computed before the statistics were read"
+        if stat == "min":
+            raise ValueError("a view that fails is skipped")
+        ws.relative_difference("a", "b", stat)
+        return 0
+
+    ws.read_ahead([lambda stat=stat: view(stat) for stat in ("max", "min", "l2")])
+    assert ws.preloaded(timeout=120)  # waits for the read-ahead too
+    assert ran == ["max", "min", "l2"] and ws.derived_bytes() == 2 * 40 * 30 * 8
+
+    one_view = 40 * 30 * 8 / 2**20
+    monkeypatch.setenv(PRELOAD_ENV, str(1.5 * one_view))  # room for the first view only
+    ws, ran = Workspace.open(tmp_path), []
+    ws.read_ahead([lambda stat=stat: (ran.append(stat), ws.relative_difference("a", "b", stat).nbytes * 0)[1]
+                   for stat in ("max", "l2", "sum")])
+    assert ws.preloaded(timeout=120)
+    assert ran == ["max", "l2"]  # the second ran while there was room; the third found none

@@ -29,6 +29,8 @@ DIFFERS_ONLY_IN_BITS = -17.0
 BITWISE_EQUAL = -18.0
 """Shown for bitwise-equal cells: below every difference, so binning by maximum keeps differences."""
 _LOW = BITWISE_EQUAL
+_BLOCK_CELLS = 1 << 16
+"""Cells per block of ``heatmap_matrix``."""
 
 
 def _colorscale() -> list[list[object]]:
@@ -58,17 +60,24 @@ def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | N
     if steps is not None:
         equal = equal.loc[steps[0]:steps[1]]
         rel = rel.sel(step=slice(steps[0], steps[1]))
-    is_equal = equal.to_numpy()[:, equal.columns.get_indexer(order)]  # [step, site], sites in model order
-    values = np.asarray(rel.sel(site=order).transpose("step", "site").to_numpy(), dtype=float)
-    # in place: this runs over every (step, site) whenever a statistic is first shown
-    log = np.empty_like(values)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.log10(values, out=log)
-    undefined = ~np.isfinite(log)  # 0 (the statistic cannot see the difference), NaN or inf
-    np.copyto(log, 0.0, where=undefined)
-    np.copyto(log, DIFFERS_ONLY_IN_BITS, where=values == 0)
-    np.clip(log, DIFFERS_ONLY_IN_BITS, 0.0, out=log)
-    np.copyto(log, BITWISE_EQUAL, where=is_equal)
+    rel = rel.transpose("step", "site")
+    values, is_equal = np.asarray(rel.to_numpy(), dtype=float), equal.to_numpy()  # [step, site]: no copies
+    columns, equal_columns = rel.indexes["site"].get_indexer(order), equal.columns.get_indexer(order)
+    if (columns < 0).any() or (equal_columns < 0).any():
+        missing = [site for site, i, j in zip(order, columns, equal_columns, strict=True) if i < 0 or j < 0]
+        raise KeyError(f"not sites both runs recorded: {', '.join(missing[:5])}")
+    log = np.empty((values.shape[0], len(order)))
+    # block by block of steps (sites gathered within a row): this runs over every (step, site) whenever a
+    # statistic is first shown, and a block's half-dozen passes then stay in the cache
+    rows = max(1, _BLOCK_CELLS // max(len(order), 1))
+    for start in range(0, values.shape[0], rows):
+        block, out = values[start:start + rows][:, columns], log[start:start + rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.log10(block, out=out)
+        np.copyto(out, 0.0, where=~np.isfinite(out))  # 0 (the statistic cannot see the difference), NaN or inf
+        np.copyto(out, DIFFERS_ONLY_IN_BITS, where=block == 0)
+        np.clip(out, DIFFERS_ONLY_IN_BITS, 0.0, out=out)
+        np.copyto(out, BITWISE_EQUAL, where=is_equal[start:start + rows][:, equal_columns])
     return pd.DataFrame(log.T, index=pd.Index(order, name="site"), columns=equal.index)
 
 
@@ -80,7 +89,8 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     row_starts, column_starts = _bins(full.shape[0], max_rows), _bins(full.shape[1], max_columns)
     z = full.to_numpy()
     if full.size:
-        z = np.maximum.reduceat(np.maximum.reduceat(z, row_starts, axis=0), column_starts, axis=1)
+        # steps first: the matrix is laid out step by step (heatmap_matrix), so this pass reads it in order
+        z = np.maximum.reduceat(np.maximum.reduceat(z, column_starts, axis=1), row_starts, axis=0)
     row_names = [str(full.index[i]) for i in row_starts]
     columns = [int(full.columns[j]) for j in column_starts]
     ticks = [BITWISE_EQUAL, DIFFERS_ONLY_IN_BITS, -15, -12, -9, -6, -3, 0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ from workbench.statistics import STAT_NAMES
 from workbench.widgets.common import ExportBar, Exported, open_workspace, show
 from workbench.workspace import Workspace, runs_dir
 
+Key = tuple[str, str, str]
+"""(reference, compared run, statistic): what the explorer caches a heatmap matrix by."""
+
 
 class DivergenceExplorer(widgets.VBox):
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
@@ -41,9 +45,10 @@ class DivergenceExplorer(widgets.VBox):
         super().__init__()
         self.add_class("workbench-explorer")  # for the browser test and user CSS
         self.workspace: Workspace | None = None
-        self._matrices: dict[tuple[str, str, str], pd.DataFrame] = {}
+        self._matrices: dict[Key, pd.DataFrame] = {}
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
+        self._detail: Key | None = None  # what the site detail shows
         style = {"description_width": "initial"}
         wide = widgets.Layout(width="420px")
         self.directory = widgets.Text(value=str(directory or runs_dir()), description="runs folder",
@@ -88,7 +93,7 @@ class DivergenceExplorer(widgets.VBox):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.workspace, self._matrices = workspace, {}
+        self.workspace, self._matrices, self.selected = workspace, {}, None
         reference = reference or workspace.reference
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.others + workspace.floor_runs if n != reference),
@@ -98,16 +103,17 @@ class DivergenceExplorer(widgets.VBox):
         self.other.options, self.other.value = workspace.recorded, first_other
         self._quiet = False
         self.update(reset_ranges=True)
-        # then every statistic, in the background (after the first heatmap, so as not to slow it down)
+        # then every statistic, in the background (after the first heatmap, so as not to slow it down), and
+        # the other statistics' matrices of this pair
         workspace.preload([reference, first_other])
+        workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, (reference, first_other, stat))
+                              for stat in self.stat.options if stat != self.stat.value])
 
     def _matrix(self) -> pd.DataFrame:
         """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""
         assert self.workspace is not None
         key = (self.reference.value, self.other.value, self.stat.value)
-        if key not in self._matrices:
-            self._matrices[key] = heatmap_matrix(self.workspace.comparison(key[0], key[1]), key[2],
-                                                 relative=self.workspace.relative_difference(*key))
+        _matrix_of(self.workspace, self._matrices, key)
         return self._matrices[key]
 
     def selected_sites(self, sites: list[str]) -> list[str]:
@@ -139,7 +145,9 @@ class DivergenceExplorer(widgets.VBox):
         full = self._matrix()
         rows = self.selected_sites(list(full.index))
         low, high = self.steps.value
-        matrix = full.loc[rows, low:high]
+        everything = len(rows) == len(full.index) and full.shape[1] > 0 and \
+            (low, high) == (full.columns[0], full.columns[-1])
+        matrix = full if everything else full.loc[rows, low:high]  # a copy of 10M cells takes 20-250 ms
         figure = divergence_heatmap(result, self.stat.value, matrix=matrix,
                                     provenance=self.workspace.provenance([result.a, result.b]))
         show(self.heatmap, figure)
@@ -153,6 +161,9 @@ class DivergenceExplorer(widgets.VBox):
                              f"(updated in {1000 * self.last_update_s:.0f} ms)")
         if self.selected is None and result.first_site is not None and result.first_site in rows:
             self.show_site(result.first_site, int(result.first_step))  # type: ignore[arg-type]
+        elif self.selected is not None and self.selected[0] in rows and \
+                self._detail != (self.reference.value, self.other.value, self.stat.value):
+            self.show_site(*self.selected)  # the clicked site, in the pair and statistic now chosen
 
     def _reset_ranges(self, sites: list[str], steps: list[int]) -> None:
         layers = [layer_of(split_site(s)[1]) for s in sites]
@@ -177,6 +188,7 @@ class DivergenceExplorer(widgets.VBox):
         assert self.workspace is not None
         self.selected = (site, step)
         a, b = self.reference.value, self.other.value
+        self._detail = (a, b, self.stat.value)
         series = self.workspace.site_series(site, self.stat.value, [a, b])
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
@@ -209,3 +221,13 @@ class DivergenceExplorer(widgets.VBox):
     def export(self) -> list[Path]:
         """Write the figures shown (PNG / SVG / PDF / HTML) and the heatmap's data as CSV."""
         return self.export_bar.export()
+
+
+def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key) -> int:
+    """Compute the heatmap matrix of ``key`` (reference, other, statistic) into ``matrices`` unless it is there;
+    the bytes it holds (0 when it was there; ``Workspace.read_ahead`` counts the relative difference's)."""
+    if key in matrices:
+        return 0
+    relative = workspace.relative_difference(*key)
+    matrices[key] = matrix = heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], relative=relative)
+    return int(matrix.to_numpy().nbytes)

@@ -15,6 +15,7 @@ the element-wise comparison. Export writes the figure and the per-layer table as
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,15 @@ class LadderWidget(widgets.VBox):
         self._preload()
 
     def _preload(self) -> None:
-        """Every statistic of the runs shown, in the background, once the first ladder is drawn."""
-        if self.workspace is not None:
-            ws = self.workspace
-            ws.preload([self.reference.value, *self.runs.value, *ws.floor_runs, *ws.seed_runs])
+        """Every statistic of the runs shown, in the background, once the first ladder is drawn; then the
+        ladders and bands of the other statistics."""
+        if self.workspace is None:
+            return
+        ws, reference = self.workspace, self.reference.value
+        names = tuple(n for n in self.runs.value if n != reference)
+        ws.preload([reference, *names, *ws.floor_runs, *ws.seed_runs])
+        ws.read_ahead([partial(_ladder_of, ws, self._ladders, self._bands, reference, names, stat)
+                       for stat in self.stat.options if stat != self.stat.value and names])
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None) -> None:
         workspace = open_workspace(directory, self.status, pairs=True)
@@ -105,14 +111,13 @@ class LadderWidget(widgets.VBox):
         if not names:
             self.status.value = "choose one or more runs to compare with the reference"
             return
-        key = (reference, tuple(names), self.stat.value)
-        if key not in self._ladders:  # the expensive part; the layer range only filters it
-            self._ladders[key] = self.workspace.ladder(names, reference=reference, stat=self.stat.value)
-        ladder = self._within_layers(self._ladders[key])
+        stat = self.stat.value
+        _ladder_of(self.workspace, self._ladders, self._bands, reference, tuple(names), stat)  # the expensive part
+        ladder = self._within_layers(self._ladders[(reference, tuple(names), stat)])  # the layer range filters
         assert ladder is not None
         self.ladder = ladder
-        noise = self._within_layers(self._band("noise", reference))
-        seeds = self._within_layers(self._band("seeds", reference)) if self.seeds.value else None
+        noise = self._within_layers(self._bands[("noise", reference, stat)])
+        seeds = self._within_layers(self._bands[("seeds", reference, stat)]) if self.seeds.value else None
         figure = ladder_figure(self.ladder, noise=noise, seeds=seeds,
                                provenance=self.workspace.provenance([reference, *names]))
         show(self.figure, figure)
@@ -121,15 +126,6 @@ class LadderWidget(widgets.VBox):
                 trace.on_click(self._on_click)
         self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
                              "layer to see that layer's sites")
-
-    def _band(self, which: str, reference: str) -> Ladder | None:
-        """The noise-floor or the seed ladder against ``reference``, computed once per statistic."""
-        assert self.workspace is not None
-        key = (which, reference, self.stat.value)
-        if key not in self._bands:
-            make = self.workspace.noise_ladder if which == "noise" else self.workspace.seed_ladder
-            self._bands[key] = make(reference=reference, stat=self.stat.value)
-        return self._bands[key]
 
     def _within_layers(self, ladder: Ladder | None) -> Ladder | None:
         if ladder is None:
@@ -163,3 +159,17 @@ class LadderWidget(widgets.VBox):
 
     def export(self) -> list[Path]:
         return self.export_bar.export()
+
+
+def _ladder_of(workspace: Workspace, ladders: dict[tuple[str, tuple[str, ...], str], Ladder],
+               bands: dict[tuple[str, str, str], Ladder | None], reference: str, names: tuple[str, ...],
+               stat: str) -> int:
+    """Compute the ladder of ``names`` against ``reference`` and the noise-floor and seed ladders for ``stat``
+    into ``ladders`` and ``bands`` unless they are there; 0 bytes held beyond the workspace's relative
+    differences (``Workspace.read_ahead`` counts those)."""
+    if (reference, names, stat) not in ladders:
+        ladders[(reference, names, stat)] = workspace.ladder(names, reference=reference, stat=stat)
+    for which, make in (("noise", workspace.noise_ladder), ("seeds", workspace.seed_ladder)):
+        if (which, reference, stat) not in bands:
+            bands[(which, reference, stat)] = make(reference=reference, stat=stat)
+    return 0
