@@ -364,11 +364,15 @@ class Workspace:
         return _envelope(self.scalar(column, names)) if names else None
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
-        """One statistic of every site and step of a run, in memory (step, site); cached (and read in the
-        background for the runs ``preload`` was given). One not read yet is read now, without waiting for
-        the background read of all of them: the first figure does not wait for every statistic."""
+        """One statistic of every site and step of a run, in memory (step, site); cached. One not read yet
+        is read now (a figure does not wait for every statistic: reading them all takes ~3x longer), unless
+        the background read of them all (``preload``) is under way: each chunk holds every statistic, so a
+        second read beside it would only slow both down."""
         if (name, stat) not in self._stat_values:
-            self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
+            if name in self._loading:
+                self._loading[name].join()
+            if (name, stat) not in self._stat_values:  # not preloaded, or the background read failed
+                self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
         return self._stat_values[(name, stat)]
 
     def preload(self, names: Iterable[str]) -> list[str]:
@@ -379,8 +383,7 @@ class Workspace:
         for name in dict.fromkeys(names):
             if name in self._loading or name not in self.recorded:
                 continue
-            stats = self.records(name).stats
-            size = int(np.prod(stats.shape)) * stats.dtype.itemsize
+            size = self.runs[name].stats_nbytes  # from the store's metadata: the records are read in the thread
             if size > self._preload_bytes:
                 continue
             self._preload_bytes -= size

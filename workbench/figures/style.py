@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
 PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255")
 SEQUENTIAL = "Cividis"
@@ -30,6 +31,13 @@ NOISE_FLOOR = "noise floor (repeats)"
 SEED_SPREAD = "seed-to-seed spread"
 FONT_SIZE = 13
 FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE, color="#222222")
+TEMPLATE = "workbench"
+"""plotly_white's layout and its defaults for the trace types the figures use: every figure copies its
+template, and plotly_white's defaults for all 24 trace types take ~0.1 s to copy (this one ~0.01 s)."""
+_TRACE_TYPES = ("scatter", "scattergl", "heatmap", "bar")
+pio.templates[TEMPLATE] = go.layout.Template(
+    layout=pio.templates["plotly_white"].layout,
+    data={kind: getattr(pio.templates["plotly_white"].data, kind) for kind in _TRACE_TYPES})
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = N
                 width: int | None = None) -> go.Figure:
     """Title, fonts, margins, white background and the provenance footer; returns ``fig``."""
     bottom = 95 if provenance is not None else 60
-    fig.update_layout(template="plotly_white", font=FONT, title=dict(text=title, x=0.01, xanchor="left"),
+    fig.update_layout(template=TEMPLATE, font=FONT, title=dict(text=title, x=0.01, xanchor="left"),
                       height=height, width=width, margin=dict(l=70, r=30, t=60, b=bottom), colorway=list(PALETTE),
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"), hoverlabel=dict(namelength=-1))
     if provenance is not None:

@@ -169,6 +169,16 @@ class Run:
         return pd.DataFrame({f: layout.read(layout.array(group, f)) for f in layout.SITE_META_FIELDS},
                             index=pd.Index(self._site_names(group), name=layout.SITE_DIM))
 
+    def site_names(self) -> list[str]:
+        """The sites, in execution order (what ``site_table`` is indexed by, read without the rest)."""
+        return self._site_names(self._sites_group())
+
+    @property
+    def stats_nbytes(self) -> int:
+        """Memory every statistic of every written recorded step and site takes once read."""
+        source = layout.array(self._sites_group(), layout.STATS_ARRAY)
+        return self.recorded_steps_completed * int(np.prod(source.shape[1:])) * source.dtype.itemsize
+
     def fingerprints(self) -> pd.DataFrame:
         """Fingerprints (uint64), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed

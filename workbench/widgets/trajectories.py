@@ -73,6 +73,7 @@ class TrajectoryWidget(widgets.VBox):
             control.observe(lambda _: self.update(), names="value")
         self._quiet = False
         self.update()
+        self._preload()
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None, site: str | None = None) -> None:
         workspace = open_workspace(directory, self.status)
@@ -82,18 +83,26 @@ class TrajectoryWidget(widgets.VBox):
         self.workspace = workspace
         chosen = [n for n in (runs or [workspace.reference, *workspace.floor_runs, *workspace.others][:6])
                   if n in workspace.runs]
-        workspace.preload([*chosen, *workspace.floor_runs, *workspace.seed_runs])  # site statistics, read ahead
         self.runs.options = workspace.names
         self.runs.value = tuple(dict.fromkeys(chosen))
         self.reference.options = workspace.names
         self.reference.value = chosen[0] if chosen else workspace.names[0]
-        sites = sorted({s for n in workspace.recorded for s in workspace.runs[n].site_table().index})
+        sites = sorted({s for n in workspace.recorded for s in workspace.runs[n].site_names()})
         self.site.options = sites
         self.site.value = site if site in sites else (sites[0] if sites else "")
         last = max((workspace.runs[n].steps_completed for n in workspace.names), default=1) - 1
         self.steps.max, self.steps.min = max(last, 0), 0
         self.steps.value = (0, max(last, 0))
         self._quiet = quiet
+        if not quiet:  # opened again later: the first figure is drawn by now
+            self._preload()
+
+    def _preload(self) -> None:
+        """The site statistics of the runs chosen, the noise-floor and the seed runs, read ahead in the
+        background (once the first figure is drawn, so as not to slow it down)."""
+        if self.workspace is not None:
+            ws = self.workspace
+            ws.preload([*self.runs.value, *ws.floor_runs, *ws.seed_runs])
 
     def series(self) -> dict[str, pd.Series]:
         """The plotted series, run name -> values by step, within the step range."""
