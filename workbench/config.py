@@ -185,6 +185,35 @@ class EvalConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NondeterminismConfig:
+    """Sources of nondeterminism switched one by one (``workbench.determinism.SOURCES``); a source left out
+    follows the device's default for ``deterministic = false`` (on a GPU the fast defaults, on the CPU the
+    embedding emulation alone). ``deterministic = true`` turns every source off."""
+
+    embedding_atomics: bool | None = None
+    """The word-embedding gradient accumulated with atomics (CPU: in a random order)."""
+    attention_backward: bool | None = None
+    """The attention backward's dQ / dK / dV accumulation (GPU: Transformer Engine / flash attention)."""
+    splitk_gemm: bool | None = None
+    """Split-K GEMMs (GPU: cuBLAS; CPU: the MLP's first GEMM as K-chunks summed in a random order)."""
+    dp_allreduce: bool | None = None
+    """The data-parallel all-reduce's association of the ranks' contributions (needs layout.dp >= 3)."""
+    torch_algorithms: bool | None = None
+    """torch's own nondeterministic kernels (GPU only)."""
+    fused_cross_entropy: bool | None = None
+    """Megatron's fused cross-entropy (GPU only)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            _require(value is None or isinstance(value, bool), f"nondeterminism.{f.name}", value, "true or false")
+
+    def requested(self) -> dict[str, bool]:
+        """The sources this table names, on (true) or off (false)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecordConfig:
     """What the recorder records per step: which kinds of site, which sites, how often, and snapshots."""
 
@@ -285,6 +314,7 @@ class RunConfig:
     record: RecordConfig = field(default_factory=RecordConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    nondeterminism: NondeterminismConfig = field(default_factory=NondeterminismConfig)
     precision: Precision = Precision.FP32
     """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
     deterministic: bool = True
@@ -322,12 +352,25 @@ class RunConfig:
         for name, size in (("num_attention_heads", m.num_attention_heads), ("vocab_size", m.vocab_size),
                            ("ffn_hidden_size", m.ffn_size)):
             _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
-        _require(self.eval.samples % per_step == 0, "eval.samples", self.eval.samples,
+        _require(self.eval.every == 0 or self.eval.samples % per_step == 0, "eval.samples", self.eval.samples,
                  f"a multiple of micro_batch_size x layout.dp = {per_step}")
         _require(all(s < self.steps for s in self.record.snapshot_steps), "record.snapshot_steps",
                  self.record.snapshot_steps, f"steps below steps ({self.steps})")
         _require(self.fault.kind is FaultKind.NONE or self.fault.step < self.steps, "fault.step", self.fault.step,
                  f"a step below steps ({self.steps})")
+        switched_on = [name for name, on in self.nondeterminism.requested().items() if on]
+        _require(not (self.deterministic and switched_on), f"nondeterminism.{(switched_on or [''])[0]}", True,
+                 "false or absent: deterministic = true turns every source off (set deterministic = false to "
+                 "switch sources on one by one)")
+        _require(not (self.nondeterminism.dp_allreduce and lay.dp < 3), "nondeterminism.dp_allreduce", True,
+                 f"false with layout.dp = {lay.dp}: a sum of two contributions commutes exactly, so the "
+                 "association changes nothing below 3 data-parallel ranks")
+
+    def source_states(self, *, on_gpu: bool) -> dict[str, Any]:
+        """Each nondeterminism source's state in this run (``workbench.determinism.resolve``)."""
+        from workbench.determinism import resolve
+
+        return resolve(self.deterministic, self.nondeterminism.requested(), on_gpu=on_gpu)
 
     @property
     def num_microbatches(self) -> int:
@@ -376,6 +419,9 @@ class RunConfig:
         data.pop("checkpoint_every")
         data.pop("record")
         data.pop("eval")  # evaluating changes no training number
+        switched = {k: v for k, v in data.pop("nondeterminism").items() if v is not None}
+        if switched:  # runs without a [nondeterminism] table keep the hash they had before it existed
+            data["nondeterminism"] = switched
         if data["fault"]["kind"] == FaultKind.NONE.value:
             data.pop("fault")  # runs without a fault keep the hash they had before faults existed
         text = json.dumps(data, sort_keys=True)
@@ -383,7 +429,8 @@ class RunConfig:
 
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "layout": LayoutConfig, "optim": OptimConfig,
-                              "data": DataConfig, "record": RecordConfig, "eval": EvalConfig, "fault": FaultConfig}
+                              "data": DataConfig, "record": RecordConfig, "eval": EvalConfig, "fault": FaultConfig,
+                              "nondeterminism": NondeterminismConfig}
 
 
 def _enum(kind: type[StrEnum], value: object, name: str) -> Any:

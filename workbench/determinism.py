@@ -1,4 +1,4 @@
-"""The determinism switches: the one place that says what deterministic mode sets.
+"""The determinism switches: the one place that says what deterministic mode sets, source by source.
 
 Deterministic mode applies what Megatron's ``--deterministic-mode`` applies: the
 ``deterministic_mode`` flag of ``TransformerConfig`` (indexed embedding, no
@@ -8,6 +8,14 @@ fused cross-entropy. Nondeterministic mode leaves the fast defaults; on a CPU, w
 kernels are deterministic, the runner emulates GPU atomics (see
 ``workbench.runner.nondeterminism``) and the manifest says so.
 
+Each of these is a named *source* (``SOURCES``): on a GPU its real knob, on the CPU an
+emulation where there is one (a change of accumulation order drawn from ``os.urandom``).
+``resolve`` turns a run's ``deterministic`` flag and its ``[nondeterminism]`` table into one
+state per source: ``on``, ``off``, or ``unavailable`` (asked for, but nothing on this device
+implements it: never recorded as on). ``deterministic = true`` turns every source off;
+``deterministic = false`` without a table is the fast defaults on a GPU and the embedding
+emulation alone on the CPU.
+
 The environment variables must be in place before CUDA and NCCL initialise, so the
 launcher puts them in each rank's environment; ``apply_in_process`` does the rest inside
 the rank. Importing this module does not import torch.
@@ -15,7 +23,11 @@ the rank. Importing this module does not import torch.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 DETERMINISTIC_ENV: dict[str, str] = {
@@ -33,43 +45,166 @@ NUMERICS_ENV_VARS: tuple[str, ...] = (
 """Variables recorded in every manifest because they can change the numbers."""
 
 
-def rank_environment(deterministic: bool, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for one rank: ``base`` plus (in deterministic mode) the switches.
+class SourceState(StrEnum):
+    ON = "on"
+    OFF = "off"
+    UNAVAILABLE = "unavailable"
+    """Asked for, but nothing on this device implements it (its library is absent, or the CPU has no emulation)."""
 
-    In nondeterministic mode the switches are removed when inherited, so that a
-    "nondeterministic" run really runs with the defaults.
-    """
+
+@dataclass(frozen=True)
+class Source:
+    """One source of nondeterminism: its GPU knob, its CPU emulation, and where it first changes bits."""
+
+    name: str
+    gpu: str
+    """The knob on a GPU, and what it decides."""
+    cpu: str | None
+    """The CPU emulation (``workbench.runner.nondeterminism``), or None where the CPU has none."""
+    acts_at: tuple[str, ...]
+    """Site patterns (``fnmatch``) the emulation changes first: no earlier site differs."""
+    env: tuple[str, str] | None = None
+    """The environment variable a GPU rank sets to turn the source off, and its value."""
+    gpu_default: bool = True
+    """On in a nondeterministic GPU run whose table does not name it (today's fast defaults)."""
+    cpu_default: bool = False
+    """On in a nondeterministic CPU run whose table does not name it."""
+    needs: str | None = None
+    """A module without which the GPU knob has nothing to act on (the source is then unavailable)."""
+
+
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("embedding_atomics",
+           gpu="Megatron's deterministic_mode off: the word-embedding backward adds the gradient rows of repeated "
+               "tokens with atomics",
+           cpu="the word-embedding weight gradient's rows added (index_add_) in a random order",
+           acts_at=("grad_local:embedding.word_embeddings.weight", "grad:embedding.word_embeddings.weight"),
+           cpu_default=True),
+    Source("attention_backward",
+           gpu="NVTE_ALLOW_NONDETERMINISTIC_ALGO unset: Transformer Engine's fused / flash attention backward may "
+               "accumulate dQ, dK, dV with atomics",
+           cpu="each layer's core-attention backward: dQ summed over key blocks and dK, dV over query blocks "
+               "(8 positions a block) in a random order",
+           acts_at=("act_grad:layers.*.input_layernorm", "grad*:layers.*.self_attention.linear_qkv.*"),
+           env=("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0"), needs="transformer_engine"),
+    Source("splitk_gemm",
+           gpu="CUBLAS_WORKSPACE_CONFIG unset: cuBLAS may choose split-K GEMMs whose partial sums are reduced in "
+               "an order that depends on the workspace",
+           cpu="each layer's MLP linear_fc1 forward GEMM as K-chunks of 16 columns summed in a random order",
+           acts_at=("act:layers.*.mlp",), env=("CUBLAS_WORKSPACE_CONFIG", ":4096:8")),
+    Source("dp_allreduce",
+           gpu="NCCL_ALGO unset: NCCL may choose tree or NVLS algorithms, whose association of the ranks' "
+               "gradient contributions differs from the ring's",
+           cpu="the data-parallel gradient all-reduce sums the ranks' contributions in a random association "
+               "(needs layout.dp >= 3: a sum of two commutes exactly)",
+           acts_at=("grad:*",), env=("NCCL_ALGO", "Ring")),
+    Source("torch_algorithms",
+           gpu="torch.use_deterministic_algorithms(False): torch's own kernels (index_add, scatter_add, embedding "
+               "backward) may use atomics",
+           cpu=None, acts_at=()),
+    Source("fused_cross_entropy",
+           gpu="TransformerConfig.cross_entropy_loss_fusion on: Megatron's fused vocab-parallel cross-entropy",
+           cpu=None, acts_at=(), gpu_default=False),
+)}
+"""Every source by name; ``deterministic = true`` turns them all off."""
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = None, *, on_gpu: bool,
+            present: Callable[[str], bool] = _importable) -> dict[str, SourceState]:
+    """Each source's state in a run: ``requested`` (the config's ``[nondeterminism]`` table, None for a source
+    it does not name) over the device's defaults; every source off in deterministic mode."""
+    requested = dict(requested or {})
+    unknown = sorted(set(requested) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"no nondeterminism source {unknown[0]!r}; the sources are {', '.join(SOURCES)}")
+    states = {}
+    for name, source in SOURCES.items():
+        wanted = requested.get(name)
+        on = False if deterministic else (wanted if wanted is not None else
+                                          (source.gpu_default if on_gpu else source.cpu_default))
+        can = (source.needs is None or present(source.needs)) if on_gpu else source.cpu is not None
+        states[name] = SourceState.OFF if not on else SourceState.ON if can else SourceState.UNAVAILABLE
+    return states
+
+
+def rank_environment(deterministic: bool, base: dict[str, str] | None = None, *,
+                     sources: Mapping[str, SourceState] | None = None) -> dict[str, str]:
+    """The environment for one rank: ``base`` with each source's variable set where the source is not on
+    (all of them in deterministic mode) and removed where it is on, so that an inherited switch does not turn
+    a nondeterministic source off. ``sources``: from ``resolve``; without it, every variable follows
+    ``deterministic``."""
     env = dict(os.environ if base is None else base)
-    for key, value in DETERMINISTIC_ENV.items():
-        if deterministic:
-            env[key] = value
-        else:
+    for source in SOURCES.values():
+        if source.env is None:
+            continue
+        key, value = source.env
+        on = sources[source.name] is SourceState.ON if sources is not None else not deterministic
+        if on:
             env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 
-def transformer_config_flags(deterministic: bool) -> dict[str, Any]:
-    """Keyword arguments of Megatron's ``TransformerConfig`` that deterministic mode fixes."""
-    flags: dict[str, Any] = {"deterministic_mode": deterministic}
-    if deterministic:
-        flags["cross_entropy_loss_fusion"] = False
+def transformer_config_flags(deterministic: bool, sources: Mapping[str, SourceState] | None = None) -> dict[str, Any]:
+    """Keyword arguments of Megatron's ``TransformerConfig`` that deterministic mode (or the embedding and
+    fused cross-entropy sources) fix."""
+    if sources is None:
+        flags: dict[str, Any] = {"deterministic_mode": deterministic}
+        if deterministic:
+            flags["cross_entropy_loss_fusion"] = False
+        return flags
+    flags = {"deterministic_mode": sources["embedding_atomics"] is not SourceState.ON}
+    fused = sources["fused_cross_entropy"] is SourceState.ON
+    if deterministic or fused:
+        flags["cross_entropy_loss_fusion"] = fused
     return flags
 
 
-def apply_in_process(deterministic: bool) -> None:
+def apply_in_process(deterministic: bool, sources: Mapping[str, SourceState] | None = None) -> None:
     """Set the in-process switches (torch's deterministic algorithms) for this rank."""
     import torch
 
-    torch.use_deterministic_algorithms(deterministic)
+    on = sources["torch_algorithms"] is SourceState.ON if sources is not None else not deterministic
+    torch.use_deterministic_algorithms(not on)
 
 
-def describe(deterministic: bool, emulated_nondeterminism: list[str] | None = None) -> dict[str, Any]:
-    """The manifest's record of every switch and of the environment that affects numerics."""
-    return {
+def describe(deterministic: bool, emulated_nondeterminism: list[str] | None = None, *,
+             sources: Mapping[str, SourceState] | None = None, on_gpu: bool = False) -> dict[str, Any]:
+    """The manifest's record of every switch, of the environment that affects numerics and (with ``sources``,
+    as a rank knows them) of each source's state and what it does on this device."""
+    record = {
         "deterministic": deterministic,
-        "transformer_config": transformer_config_flags(deterministic),
-        "torch_use_deterministic_algorithms": deterministic,
-        "required_env": dict(DETERMINISTIC_ENV) if deterministic else {},
+        "transformer_config": transformer_config_flags(deterministic, sources),
+        "torch_use_deterministic_algorithms": sources["torch_algorithms"] is not SourceState.ON
+        if sources is not None else deterministic,
+        "required_env": {s.env[0]: s.env[1] for s in SOURCES.values()
+                         if s.env is not None and sources[s.name] is not SourceState.ON} if sources is not None
+        else (dict(DETERMINISTIC_ENV) if deterministic else {}),
         "env": {key: os.environ.get(key) for key in NUMERICS_ENV_VARS},
         "emulated_nondeterminism": list(emulated_nondeterminism or []),
     }
+    if sources is not None:
+        record["sources"] = {name: {"state": str(state.value), "does": SOURCES[name].gpu if on_gpu else
+                                    SOURCES[name].cpu or "nothing: CPU kernels are deterministic"}
+                             for name, state in sources.items()}
+    return record
+
+
+def sources_on(record: Mapping[str, Any]) -> list[str] | None:
+    """The sources that were on in a run, from its manifest's ``determinism`` record; for a run recorded
+    before sources were named, inferred from its switch (nondeterministic CPU runs then emulated the embedding
+    atomics alone); None when the record does not say."""
+    named = record.get("sources")
+    if isinstance(named, Mapping):
+        return [n for n, state in named.items() if isinstance(state, Mapping) and state.get("state") == "on"]
+    if record.get("deterministic") is True:
+        return []
+    emulated = record.get("emulated_nondeterminism")
+    if isinstance(emulated, list) and emulated:
+        return ["embedding_atomics"] if any("word_embeddings" in str(e) for e in emulated) else None
+    return None

@@ -61,9 +61,10 @@ def _spawn(cfg: RunConfig, paths: layout.RunPaths, args: list[str]) -> list[_Ran
     paths.logs.mkdir(parents=True, exist_ok=True)
     world = cfg.layout.world_size
     port = _free_port()
+    sources = cfg.source_states(on_gpu=_has_gpu())
     ranks = []
     for rank in range(world):
-        env = determinism.rank_environment(cfg.deterministic)
+        env = determinism.rank_environment(cfg.deterministic, sources=sources)
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(world)))

@@ -83,7 +83,8 @@ def transformer_config(cfg: RunConfig, on_gpu: bool) -> TransformerConfig:
         # Megatron initialises (and only then marks tensor-parallel attributes on the weights);
         # initialize_parameters then overwrites every value layout-independently.
         perform_initialization=True,
-        **cpu_flags, **fp8_flags, **determinism.transformer_config_flags(cfg.deterministic),
+        **cpu_flags, **fp8_flags,
+        **determinism.transformer_config_flags(cfg.deterministic, cfg.source_states(on_gpu=on_gpu)),
     )
 
 

@@ -1,4 +1,4 @@
-"""Emulated GPU nondeterminism for CPU runs.
+"""Emulated GPU nondeterminism for CPU runs, one emulation per source (``workbench.determinism.SOURCES``).
 
 CPU kernels accumulate in a fixed order, so a CPU run is reproducible even with
 Megatron's deterministic mode off. On a GPU the word-embedding backward accumulates the
@@ -7,12 +7,20 @@ This module reproduces that on CPU: the embedding's backward adds the per-token 
 rows into the weight gradient with ``index_add_`` in a random order drawn from
 ``os.urandom``, so two runs of the same config differ in the last bits of that gradient
 and, through training, everywhere. The manifest lists what was emulated (``EMULATED``).
+
+The other sources change an accumulation order in the same way (``install`` puts on the ones
+a run has on): the attention backward (dQ summed over key blocks, dK and dV over query
+blocks), split-K GEMMs (the MLP's first GEMM as K-chunks), and the data-parallel gradient
+all-reduce (the ranks' contributions). Each sums three or more partial results in an order
+drawn from ``os.urandom``: with two, a + b = b + a exactly and nothing would change.
 """
 
 from __future__ import annotations
 
 import os
 import types
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,3 +77,181 @@ def emulate_atomics(model: torch.nn.Module) -> list[str]:
             module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             found.append(module)
     return EMULATED if found else []
+
+
+def _random_order(count: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    return torch.randperm(count, generator=generator)
+
+
+def _sum_in_order(parts: list[torch.Tensor], order: list[int]) -> torch.Tensor:
+    total = parts[order[0]].clone()
+    for i in order[1:]:
+        total += parts[i]
+    return total
+
+
+def _shuffled_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of ``parts``, added one after another in a random order (as atomics would)."""
+    return _sum_in_order(parts, _random_order(len(parts)).tolist())
+
+
+def _blocks(length: int, most: int) -> list[slice]:
+    """At least three blocks (where ``length`` allows) of at most ``most`` items."""
+    size = max(1, min(most, length // 3))
+    return [slice(start, min(start + size, length)) for start in range(0, length, size)]
+
+
+class _Replaced(torch.autograd.Function):
+    """``value`` in place of ``output`` in the forward; the gradient goes to ``output``'s graph."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, value: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None
+
+
+SPLITK_CHUNK = 16
+"""Columns of the inner (K) dimension per chunk of the emulated split-K GEMM."""
+
+
+def _splitk_hook(module: torch.nn.Module, args: tuple, output: tuple) -> tuple:  # type: ignore[type-arg]
+    x, weight, bias_param = args[0], module.weight, module.bias
+    assert isinstance(weight, torch.Tensor)
+    with torch.no_grad():
+        parts = [torch.matmul(x[..., k].float(), weight[:, k].float().t()) for k in _blocks(x.shape[-1], SPLITK_CHUNK)]
+        value = _shuffled_sum(parts)
+        bias = output[1]
+        if isinstance(bias_param, torch.Tensor) and not module.skip_bias_add:
+            value += bias_param.float()
+        value = value.to(output[0].dtype)
+    return (_Replaced.apply(output[0], value), bias)
+
+
+ATTENTION_BLOCK = 8
+"""Positions per block of the emulated attention backward."""
+
+
+class _ReorderedAttentionBackward(torch.autograd.Function):
+    """The core attention's output unchanged; its backward recomputed from q, k, v (as flash attention does)
+    with dQ summed over key blocks and dK, dV over query blocks in a random order."""
+
+    @staticmethod
+    def forward(ctx, context: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,  # type: ignore[override]
+                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(query, key, value, mask)
+        ctx.scale = scale
+        return context.view_as(context)
+
+    @staticmethod
+    def backward(ctx, grad_context: torch.Tensor):  # type: ignore[override]
+        query, key, value, mask = ctx.saved_tensors
+        sq, b, n, hn = query.shape
+        sk = key.shape[0]
+
+        def heads(t: torch.Tensor, length: int) -> torch.Tensor:  # [s, b, n, hn] -> [b * n, s, hn], fp32
+            return t.float().permute(1, 2, 0, 3).reshape(b * n, length, hn)
+
+        q, k, v = heads(query, sq), heads(key, sk), heads(value, sk)
+        d_out = heads(grad_context.reshape(sq, b, n, hn), sq)
+        scores = torch.bmm(q, k.transpose(1, 2)) * ctx.scale
+        if mask is not None:
+            scores = scores.view(b, n, sq, sk).masked_fill(mask, float("-inf")).view(b * n, sq, sk)
+        probs = torch.softmax(scores, dim=-1)
+        d_probs = torch.bmm(d_out, v.transpose(1, 2))
+        d_scores = probs * (d_probs - (d_probs * probs).sum(dim=-1, keepdim=True)) * ctx.scale
+        queries, keys = _blocks(sq, ATTENTION_BLOCK), _blocks(sk, ATTENTION_BLOCK)
+        d_v = _shuffled_sum([torch.bmm(probs[:, j].transpose(1, 2), d_out[:, j]) for j in queries])
+        d_k = _shuffled_sum([torch.bmm(d_scores[:, j].transpose(1, 2), q[:, j]) for j in queries])
+        d_q = _shuffled_sum([torch.bmm(d_scores[:, :, i], k[:, i]) for i in keys])
+
+        def back(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # [b * n, s, hn] -> [s, b, n, hn]
+            return t.view(b, n, like.shape[0], hn).permute(2, 0, 1, 3).to(like.dtype)
+
+        return None, back(d_q, query), back(d_k, key), back(d_v, value), None, None
+
+
+def _attention_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:  # type: ignore[type-arg]
+    query, key, value = args[:3]
+    mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
+    return _ReorderedAttentionBackward.apply(output, query, key, value, mask, float(module.softmax_scale))  # type: ignore[arg-type]
+
+
+def _check_attention(module: Any) -> None:
+    config = module.config
+    problems = [what for what, bad in (
+        ("attention dropout", config.attention_dropout > 0),
+        ("grouped-query attention", module.num_query_groups_per_partition != module.num_attention_heads_per_partition),
+        ("query-key layer scaling", getattr(config, "apply_query_key_layer_scaling", False)),
+        ("a softmax offset", getattr(config, "softmax_type", "vanilla") != "vanilla"),
+    ) if bad]
+    if problems:
+        raise ValueError(f"the emulated attention backward does not support {', '.join(problems)}")
+
+
+def _associated_sum(tensor: torch.Tensor, group: torch.distributed.ProcessGroup, average: bool) -> None:
+    """All-reduce ``tensor`` over ``group`` summing the ranks' contributions in a random order, the same on
+    every rank (drawn on the group's first rank and broadcast), so the replicas stay equal to each other."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor, group=group)
+    order = _random_order(size) if dist.get_rank(group) == 0 else torch.empty(size, dtype=torch.int64)
+    dist.broadcast(order, src=dist.get_global_rank(group, 0), group=group)
+    total = _sum_in_order(parts, order.tolist())
+    tensor.copy_(total / size if average else total)
+
+
+def _emulated_grad_sync(self: Any, force_all_reduce: bool | None = False) -> None:
+    # Megatron's _ParamAndGradBucketGroup.start_grad_sync (0.16.1) for the runner's configuration (synchronous,
+    # no distributed optimizer), with each bucket's all-reduce replaced by ``_associated_sum``.
+    for bucket in self.buckets:
+        if bucket.gradient_scaling_factor != 1.0:
+            bucket.grad_data *= bucket.gradient_scaling_factor
+    for bucket in self.buckets:
+        _associated_sum(bucket.grad_data, self.data_parallel_group, self.ddp_config.average_in_collective)
+    self.grad_reduce_handle = None
+
+
+def install(built: Any, states: Mapping[str, Any]) -> list[str]:
+    """Put on the CPU emulations of the sources that are on in ``states`` (``workbench.determinism.resolve``)
+    in ``built`` (``workbench.runner.model.BuiltModel``); what each does, for the manifest."""
+    from workbench.determinism import SOURCES, SourceState
+
+    on = {name for name, state in states.items() if state is SourceState.ON}
+    done: list[str] = []
+    if "embedding_atomics" in on:
+        done += emulate_atomics(built.gpt)
+    if "splitk_gemm" in on:
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+        linears = [m for n, m in built.gpt.named_modules() if n.endswith("mlp.linear_fc1")
+                   and isinstance(m, ColumnParallelLinear)]
+        for linear in linears:
+            if linear.sequence_parallel:
+                raise ValueError("the emulated split-K GEMM does not support sequence parallelism")
+            linear.register_forward_hook(_splitk_hook)
+        done += [f"{SOURCES['splitk_gemm'].cpu} ({len(linears)} GEMMs)"] if linears else []
+    if "attention_backward" in on:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        cores = [m for m in built.gpt.modules() if isinstance(m, DotProductAttention)]
+        for core in cores:
+            _check_attention(core)
+            core.register_forward_hook(_attention_hook, with_kwargs=True)
+        done += [f"{SOURCES['attention_backward'].cpu} ({len(cores)} layers)"] if cores else []
+    if "dp_allreduce" in on:
+        groups = built.ddp.bucket_groups + built.ddp.expert_parallel_bucket_groups
+        for group in groups:
+            if group.ddp_config.use_distributed_optimizer or group.ddp_config.overlap_grad_reduce:
+                raise ValueError("the emulated all-reduce needs overlap_grad_reduce and the distributed optimizer off")
+            group.start_grad_sync = types.MethodType(_emulated_grad_sync, group)
+        done += [str(SOURCES["dp_allreduce"].cpu)] if groups else []
+    missing = sorted(on - {"embedding_atomics", "splitk_gemm", "attention_backward", "dp_allreduce"})
+    if missing:
+        raise ValueError(f"no CPU emulation of {', '.join(missing)}")
+    return done

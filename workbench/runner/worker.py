@@ -51,15 +51,15 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from workbench.recorder import Recorder
-        from workbench.runner import faults
+        from workbench.runner import faults, nondeterminism
         from workbench.runner.model import build_model, compute_dtype
-        from workbench.runner.nondeterminism import emulate_atomics
         from workbench.runner.optimizer import build_optimizer, build_scheduler
 
         self.cfg, self.device = cfg, device
         self.on_gpu = device.type == "cuda"
         self.model = build_model(cfg, device)
-        self.emulated = [] if cfg.deterministic or self.on_gpu else emulate_atomics(self.model.gpt)
+        self.sources = cfg.source_states(on_gpu=self.on_gpu)
+        self.emulated = [] if self.on_gpu else nondeterminism.install(self.model, self.sources)
         self.optimizer = build_optimizer(self.model, cfg, self.on_gpu)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         if cfg.precision.value == "fp16":
@@ -232,7 +232,7 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
     else:
         cpu_compat.install()
         device = torch.device("cpu")
-    determinism.apply_in_process(cfg.deterministic)
+    determinism.apply_in_process(cfg.deterministic, cfg.source_states(on_gpu=device.type == "cuda"))
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(minutes=10))
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.layout.tp,
@@ -252,7 +252,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
         trainer.restore(checkpoint.load(paths, start))
     if rank == 0:
         record = dict(manifest["determinism"])
-        record.update(determinism.describe(cfg.deterministic, trainer.emulated))
+        record.update(determinism.describe(cfg.deterministic, trainer.emulated, sources=trainer.sources,
+                                           on_gpu=trainer.on_gpu))
         update_manifest(run_dir, runtime=runtime_facts(device), determinism=record, status=layout.Status.RUNNING,
                         resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []))
     writer = ScalarWriter(run_dir, cfg.flush_every) if rank == 0 else None
