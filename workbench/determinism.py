@@ -30,13 +30,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-DETERMINISTIC_ENV: dict[str, str] = {
-    "NCCL_ALGO": "Ring",
-    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
-    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-}
-"""Environment of a deterministic rank (Megatron's deterministic mode and its CI)."""
-
 NUMERICS_ENV_VARS: tuple[str, ...] = (
     "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NVLS_ENABLE",
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN", "CUBLAS_WORKSPACE_CONFIG",
@@ -108,6 +101,9 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
 )}
 """Every source by name; ``deterministic = true`` turns them all off."""
 
+DETERMINISTIC_ENV: dict[str, str] = {s.env[0]: s.env[1] for s in SOURCES.values() if s.env is not None}
+"""Environment of a deterministic rank (Megatron's deterministic mode and its CI): every source's variable."""
+
 
 def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -131,22 +127,25 @@ def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = N
     return states
 
 
+def required_env(deterministic: bool, sources: Mapping[str, SourceState] | None = None) -> dict[str, str]:
+    """The variables a rank sets: each source's where it is not on (with ``sources``, a GPU rank's), else
+    every one in deterministic mode and none otherwise (a CPU rank's: no CPU kernel reads them)."""
+    if sources is None:
+        return dict(DETERMINISTIC_ENV) if deterministic else {}
+    return {s.env[0]: s.env[1] for s in SOURCES.values() if s.env is not None and sources[s.name] is not SourceState.ON}
+
+
 def rank_environment(deterministic: bool, base: dict[str, str] | None = None, *,
                      sources: Mapping[str, SourceState] | None = None) -> dict[str, str]:
-    """The environment for one rank: ``base`` with each source's variable set where the source is not on
-    (all of them in deterministic mode) and removed where it is on, so that an inherited switch does not turn
-    a nondeterministic source off. ``sources``: from ``resolve``; without it, every variable follows
-    ``deterministic``."""
+    """The environment for one rank: ``base`` with ``required_env`` set and the other switches removed, so
+    that an inherited switch does not turn a nondeterministic source off."""
     env = dict(os.environ if base is None else base)
-    for source in SOURCES.values():
-        if source.env is None:
-            continue
-        key, value = source.env
-        on = sources[source.name] is SourceState.ON if sources is not None else not deterministic
-        if on:
-            env.pop(key, None)
+    wanted = required_env(deterministic, sources)
+    for key in DETERMINISTIC_ENV:
+        if key in wanted:
+            env[key] = wanted[key]
         else:
-            env[key] = value
+            env.pop(key, None)
     return env
 
 
@@ -182,9 +181,7 @@ def describe(deterministic: bool, emulated_nondeterminism: list[str] | None = No
         "transformer_config": transformer_config_flags(deterministic, sources),
         "torch_use_deterministic_algorithms": sources["torch_algorithms"] is not SourceState.ON
         if sources is not None else deterministic,
-        "required_env": {s.env[0]: s.env[1] for s in SOURCES.values()
-                         if s.env is not None and sources[s.name] is not SourceState.ON} if sources is not None
-        else (dict(DETERMINISTIC_ENV) if deterministic else {}),
+        "required_env": required_env(deterministic, sources if on_gpu else None),
         "env": {key: os.environ.get(key) for key in NUMERICS_ENV_VARS},
         "emulated_nondeterminism": list(emulated_nondeterminism or []),
     }

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,24 @@ def test_evaluation_is_after_every_nth_step_and_the_last_and_shapes_no_number() 
     assert cfg.with_overrides({"eval.every": 1}).numerics_hash() == cfg.numerics_hash()
     assert cfg.with_overrides({"seed": 7}).numerics_hash(seed=False) == cfg.numerics_hash(seed=False)
     assert cfg.with_overrides({"seed": 7}).numerics_hash() != cfg.numerics_hash()
+
+
+def test_nondeterminism_sources_are_switched_by_name_and_checked() -> None:
+    from workbench.config import NondeterminismConfig
+    from workbench.determinism import SOURCES
+
+    assert [f.name for f in dataclasses.fields(NondeterminismConfig)] == list(SOURCES)
+    base = RunConfig(name="x", deterministic=False)
+    splitk = RunConfig.from_dict({"name": "x", "deterministic": False, "nondeterminism": {"splitk_gemm": True}})
+    assert splitk.nondeterminism.requested() == {"splitk_gemm": True}
+    assert splitk.numerics_hash() != base.numerics_hash()
+    assert RunConfig.from_dict({**base.to_dict(), "nondeterminism": {}}).numerics_hash() == base.numerics_hash()
+    with pytest.raises(ConfigError, match="deterministic = true turns every source off"):
+        RunConfig.from_dict({"name": "x", "nondeterminism": {"attention_backward": True}})
+    with pytest.raises(ConfigError, match="layout.dp = 2: a sum of two contributions commutes exactly"):
+        RunConfig.from_dict({"name": "x", "deterministic": False, "layout": {"dp": 2},
+                             "nondeterminism": {"dp_allreduce": True}})
+    with pytest.raises(ConfigError, match="nondeterminism.splitk_gemm = 'yes' is not allowed: true or false"):
+        RunConfig.from_dict({"name": "x", "deterministic": False, "nondeterminism": {"splitk_gemm": "yes"}})
+    RunConfig.from_dict({"name": "x", "deterministic": True, "nondeterminism": {"splitk_gemm": False}})  # fine
+    RunConfig.from_dict({"name": "x", "layout": {"dp": 3}, "global_batch_size": 12, "eval": {"every": 0}})

@@ -61,7 +61,8 @@ def _spawn(cfg: RunConfig, paths: layout.RunPaths, args: list[str]) -> list[_Ran
     paths.logs.mkdir(parents=True, exist_ok=True)
     world = cfg.layout.world_size
     port = _free_port()
-    sources = cfg.source_states(on_gpu=_has_gpu())
+    on_gpu = _has_gpu()
+    sources = cfg.source_states(on_gpu=True) if on_gpu else None  # no CPU kernel reads the variables
     ranks = []
     for rank in range(world):
         env = determinism.rank_environment(cfg.deterministic, sources=sources)
