@@ -8,7 +8,7 @@
     workbench compare A B [--json]
     workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
     workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
-    workbench figure heatmap|sweep|trajectories RUNS... -o FILE.pdf [--size column|page] [--data FILE.csv]
+    workbench figure heatmap|sweep|trajectories|sources RUNS... -o FILE.pdf [--size column|page] [--data FILE.csv]
     workbench resume-check RESUMED REFERENCE [--from-step K]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
@@ -250,6 +250,14 @@ def _cmd_figure(args: argparse.Namespace) -> int:
 
         matrix = ws.sweep_matrix()
         figure, data = sweep_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table()
+    elif args.kind == "sources":
+        from workbench.figures.studies import sources_figure
+
+        data = ws.attribution(stat=args.stat)
+        if data.empty:
+            raise ArgumentError(f"{', '.join(map(str, args.runs))}: no run here has a nondeterminism source on alone "
+                                "(an attribution study: `workbench sweep workbench/examples/sources.toml`)")
+        figure = sources_figure(data, on_cpu=ws.on_cpu, provenance=ws.provenance())
     else:  # trajectories of a scalar
         from workbench.figures.trajectories import trajectory_figure
 
@@ -267,7 +275,7 @@ def _cmd_figure(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if args.data is not None:
         args.data.parent.mkdir(parents=True, exist_ok=True)
-        data.to_csv(args.data, index=args.kind != "sweep")
+        data.to_csv(args.data, index=args.kind not in ("sweep", "sources"))
         print(f"wrote {args.data} (the plotted data)")
     return 0
 
@@ -425,15 +433,16 @@ def build_parser() -> argparse.ArgumentParser:
     golden.set_defaults(func=_cmd_golden)
 
     figure = verbs.add_parser("figure", help="one figure without a notebook, sized for a screen or a paper")
-    figure.add_argument("kind", choices=("heatmap", "sweep", "trajectories"),
+    figure.add_argument("kind", choices=("heatmap", "sweep", "trajectories", "sources"),
                         help="heatmap A B: where two runs diverge; sweep DIR: every pair of a folder; "
-                        "trajectories RUN... or DIR: a scalar of each run")
+                        "trajectories RUN... or DIR: a scalar of each run; sources DIR: which nondeterminism "
+                        "source matters (an attribution study)")
     figure.add_argument("runs", type=Path, nargs="+", help="run folders, or a folder of runs")
     figure.add_argument("-o", "--out", type=Path, required=True, help="the file: .png, .svg, .pdf or .html")
     figure.add_argument("--size", choices=("screen", "column", "page"), default="screen",
                         help="column: ~3.5 in wide, page: ~7 in (fonts 7-8 pt); screen: as in the notebooks")
     figure.add_argument("--data", type=Path, default=None, help="also write the plotted data as CSV")
-    figure.add_argument("--stat", default="l2", help="heatmap: the statistic (default l2)")
+    figure.add_argument("--stat", default="l2", help="heatmap, sources: the statistic (default l2)")
     figure.add_argument("--quantity", default="loss", help="trajectories: the scalar (default loss)")
     figure.set_defaults(func=_cmd_figure)
 

@@ -7,7 +7,7 @@ noise-floor runs) and hands their records to the analysis functions. ``workbench
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +31,9 @@ class StudySummary:
     scales: pd.DataFrame
     """Every other run's final held-out loss against the noise floor and the seed-to-seed spread."""
     scales_step: int | None = None
+    sources: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Each nondeterminism source alone against the reference (``Workspace.attribution``); empty if none."""
+    on_cpu: bool = False
 
     def text(self) -> str:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
@@ -50,6 +53,17 @@ class StudySummary:
             lines += ["", f"does it matter? held-out validation loss after step {self.scales_step}, the difference "
                       f"from {self.reference} against the noise floor and the seed-to-seed spread (ranges):",
                       self.scales.to_string(index=False, float_format=lambda x: f"{x:.3g}")]
+        if not self.sources.empty:
+            floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
+            table = self.sources.drop(columns=["run", "floor_exit_site", "plateau"]).rename(columns={
+                "where_it_acts": "where_it_acts?", "floor_exit_step": "leaves_floor_at",
+                "growth": "growth_log10/step", "saturation_step": "saturates_at", "final_error": "final_rel_l2",
+                "cost_percent": "cost_%", "cost_low": "low", "cost_high": "high"})
+            lines += ["", f"which source matters? each alone against {self.reference} ({floor}); cost: tokens/s lost "
+                      "making it deterministic, against the runs with every source off (95% bootstrap interval)"
+                      + (" -- on this CPU a source is the workbench's emulation of it and its cost the emulation's"
+                         if self.on_cpu else "") + ":",
+                      table.to_string(index=False, float_format=lambda x: f"{x:.3g}")]
         if not self.cost.empty:
             lines += ["", "cost of deterministic mode (tokens/s, recorder excluded; 95% bootstrap interval):",
                       self.cost.to_string(index=False, float_format=lambda x: f"{x:.1f}")]
@@ -71,4 +85,5 @@ def summarise(ws: Workspace) -> StudySummary:
     step, scales = ws.scales("val_loss")
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
                         floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
-                        scales_step=step)
+                        scales_step=step, sources=ws.attribution() if reference in records else pd.DataFrame(),
+                        on_cpu=ws.on_cpu)

@@ -14,10 +14,12 @@ until ``preload`` reads them in the background (the widgets do, for the runs the
 The roles come from the manifests, whoever produced the runs, never from their names: the
 *reference* is preferably deterministic, fp32, on one process and repeated (in that order
 of preference; ties by name); *repeats* are runs of one configuration (``repeat_key``); the *noise
-floor* runs are the largest group of nondeterministic repeats, plus the reference when it
-differs from them only in determinism; the *seed runs* are runs of one configuration with two or
-more seeds (the reference's, where it has other seeds), the second scale a difference is judged
-against.
+floor* runs are the largest group of nondeterministic repeats (with every nondeterminism source off,
+where there are such repeats), plus the reference when it differs from them only in determinism; the
+*seed runs* are runs of one configuration with two or more seeds (the reference's, where it has other
+seeds), the second scale a difference is judged against; the *source runs* are the other
+nondeterministic runs of the reference's configuration, by the sources they had on (an attribution
+study: ``attribution``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.records import RunRecords
 from workbench.analysis.scales import judge_against_scales
+from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
+from workbench.analysis.sources import attribution, source_cost, source_label
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
+from workbench.determinism import sources_on
 from workbench.errors import ArgumentError, RunNotFoundError, WorkbenchError
 from workbench.figures.style import Provenance
 from workbench.store import layout
@@ -192,7 +197,8 @@ class Workspace:
     @cached_property
     def floor_runs(self) -> list[str]:
         groups = [g for g in self.repeat_groups if self.runs[g[0]].info.deterministic is False]
-        runs = max(groups, key=len, default=[])
+        all_off = [g for g in groups if self.sources_of(g[0]) == []]  # an attribution study's floor: every source off
+        runs = max(all_off or groups, key=len, default=[])
         if runs and self.reference in self.recorded and \
                 self.runs[self.reference].info.configuration() == self.runs[runs[0]].info.configuration():
             runs = [self.reference, *runs]
@@ -252,11 +258,60 @@ class Workspace:
 
     @property
     def others(self) -> list[str]:
-        """Recorded runs that are neither the reference, a repeat, another seed, resumed nor faulted: precision
-        and layout changes."""
+        """Recorded runs that are neither the reference, a repeat, another seed, a source run, an all-off run
+        of the reference's configuration, resumed nor faulted: precision and layout changes."""
         return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
                 and n not in self.repeats and n not in self.resumed and n not in self.faulted
-                and n not in self.seed_runs]
+                and n not in self.seed_runs and n not in self.source_runs and n not in self.all_off_runs]
+
+    def sources_of(self, name: str) -> list[str] | None:
+        """The nondeterminism sources that were on in a run (``workbench.determinism.sources_on``)."""
+        return sources_on(self.runs[name].info.determinism or {"deterministic": self.runs[name].info.deterministic})
+
+    @cached_property
+    def source_runs(self) -> dict[str, str]:
+        """Run -> the sources it had on (``a+b``): the nondeterministic recorded runs of the reference's
+        configuration outside the noise floor, with the sources they had on known. An attribution study runs
+        each source alone."""
+        if self.reference not in self.recorded:
+            return {}
+        configuration = self.runs[self.reference].info.configuration()
+        found = {}
+        for name in self.recorded:
+            info, sources = self.runs[name].info, self.sources_of(name)
+            if info.deterministic is False and sources and name not in self.floor_runs and name != self.reference \
+                    and info.configuration() == configuration and repeat_key(self.runs[name]) is not None:
+                found[name] = source_label(sources)
+        return found
+
+    @property
+    def all_off_runs(self) -> list[str]:
+        """Runs of the reference's configuration with every source off (deterministic ones included)."""
+        configuration = self.runs[self.reference].info.configuration()
+        return [n for n, r in self.runs.items() if n not in self.faulted and not r.manifest.get("resumes")
+                and r.info.configuration() == configuration and self.sources_of(n) == []]
+
+    def attribution(self, *, stat: str = "l2", warmup: int = 2, interval: float = 95.0) -> pd.DataFrame:
+        """``analysis.sources.attribution``: each source run against the reference, with the noise floor, and
+        what it costs in tokens/s against the all-off runs; empty without source runs."""
+        if not self.source_runs:
+            return pd.DataFrame(columns=SOURCE_COLUMNS)
+        first: dict[str, str] = {}  # the first run of each source: its row
+        for name, label in sorted(self.source_runs.items()):
+            first.setdefault(label, name)
+        summary = self.ladder(list(first.values()), stat=stat).summary
+        rates: dict[str, list[np.ndarray]] = {}
+        for name, label in self.source_runs.items():
+            rates.setdefault(label, []).append(self.scalars(name)["tokens_per_s"].to_numpy(dtype=float))
+        baseline = [self.scalars(n)["tokens_per_s"].to_numpy(dtype=float) for n in self.all_off_runs]
+        cost = source_cost(rates, baseline, warmup=warmup, interval=interval) if baseline else None
+        return attribution(summary, {name: label for label, name in first.items()}, cost)
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether any run here ran on a CPU (where nondeterminism is emulated and costs are the emulation's)."""
+        return any(str(r.manifest.get("runtime", {}).get("device", "cpu")).startswith("cpu")
+                   for r in self.runs.values())
 
     @cached_property
     def floor(self) -> NoiseFloor | None:

@@ -98,6 +98,13 @@ class RunManifest:
 
     def summary(self) -> str:
         mode = {True: "det", False: "nondet", None: "det?"}[self.deterministic]
+        switched = (self.config or {}).get("nondeterminism") or {}
+        named = self.determinism.get("sources")
+        if self.deterministic is False and isinstance(switched, Mapping) and any(v is not None for v in
+                                                                                 switched.values()) \
+                and isinstance(named, Mapping):  # sources switched one by one: say which were on
+            on = [n for n, state in named.items() if isinstance(state, Mapping) and state.get("state") == "on"]
+            mode += f"[{'+'.join(on) or 'all off'}]"
         seed = f" seed{self.seed}" if self.seed is not None else ""
         return f"{self.configuration()} {mode}{seed}"
 
