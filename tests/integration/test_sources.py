@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fnmatch
 
+import numpy as np
+
 import pytest
 
 from tests.integration.conftest import Runs
@@ -46,3 +48,20 @@ def test_the_data_parallel_association_needs_three_ranks_and_changes_the_reduced
     assert sources_on(run.manifest["determinism"]) == ["dp_allreduce"]
     # every activation of step 0 precedes the reduction: none of them differs
     assert not any(result.frontier.get(site) == 0 for site in result.common_sites if site.startswith("act:"))
+
+
+def test_the_study_attributes_each_difference_to_its_source(runs: Runs) -> None:
+    from workbench.study_report import summarise
+    from workbench.workspace import Workspace
+
+    alone = ["embedding_atomics", "attention_backward", "splitk_gemm"]  # the registry's order
+    ws = Workspace.open(runs.get("base"), runs.get("sources-off", deterministic=False, **ALL_OFF),
+                        *(_alone(runs, s) for s in alone))  # type: ignore[arg-type]
+    assert ws.reference == "base" and set(ws.all_off_runs) == {"base", "sources-off"} and ws.others == []
+    table = ws.attribution()
+    assert table["source"].tolist() == alone
+    assert table["where_it_acts"].tolist() == [True, True, True]
+    assert table["first_step"].tolist() == [0, 0, 0] and np.isfinite(table["cost_percent"]).all()
+    text = summarise(ws).text()
+    assert "which source matters?" in text and "the workbench's emulation" in text
+    assert "nondet[splitk_gemm]" in text and "nondet[all off]" in text  # the run table names the sources

@@ -79,3 +79,34 @@ def test_notebook_executes_on_a_folder_of_user_runs(path: Path, user_runs: Path,
     }.get(path.stem, [])
     for snippet in expected:
         assert snippet in text, f"{path.name}: {snippet!r} not in its outputs"
+
+
+@pytest.fixture(scope="module")
+def sources_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An attribution study in miniature: a deterministic run, every source off, and two sources alone."""
+    from tests.integration.conftest import TINY
+    from workbench.config import RunConfig
+    from workbench.study import expand_study, run_study
+
+    out = tmp_path_factory.mktemp("study") / "sources"  # the folder notebook 06 looks for beside runs_dir()
+    off = {name: False for name in ("embedding_atomics", "attention_backward", "splitk_gemm", "dp_allreduce")}
+    base = RunConfig.from_dict({**TINY, "deterministic": False, "nondeterminism": off})
+    study = expand_study({"name": "sources", "runs": [
+        {"name": "det", "deterministic": True}, {"name": "all-off"},
+        {"name": "splitk_gemm", "nondeterminism": {"splitk_gemm": True}},
+        {"name": "attention_backward", "nondeterminism": {"attention_backward": True}}]}, base)
+    run_study(study, out, lambda *args: None)
+    return out
+
+
+def test_the_cost_notebook_says_which_source_matters(sources_study: Path, tmp_path: Path) -> None:
+    path = next(p for p in NOTEBOOKS if p.stem == "06-cost-of-determinism")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env={**os.environ, "WORKBENCH_RUNS": str(sources_study)})
+    text = _text(nb)
+    for snippet in ("attention_backward", "act_grad:layers.1.input_layernorm", "splitk_gemm", "act:layers.0.mlp",
+                    "tax_percent"):
+        assert snippet in text, f"{snippet!r} not in notebook 06's outputs"
+    last = nb.cells[-1].outputs
+    assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in last), "no sources figure"
