@@ -14,7 +14,12 @@ sites recorded on every second step, and prints:
   steps only, so the recorder is excluded);
 * the statistics + fingerprint pass on the device (``torch.compile``, Triton) over 64 M-element
   fp32 and bf16 tensors: its read rate as a fraction of the device's read bandwidth, taken as
-  that of a plain ``torch.sum`` of the same tensor in the same loop.
+  that of a plain ``torch.sum`` of the same tensor in the same loop;
+* per nondeterminism source (``workbench.determinism.SOURCES``), one knob at a time: a run with
+  that source alone on against one with every source off, as a table (first divergent step and
+  site, final relative difference, and the tokens/s that making the source deterministic costs,
+  with its bootstrap interval). A source the machine cannot switch (Transformer Engine absent;
+  the all-reduce's association on fewer than three GPUs) is listed with the reason.
 """
 
 from __future__ import annotations
@@ -110,6 +115,40 @@ def main() -> None:
     default = np.median([medians(runs[n])[1] for n in ("nondet-a", "nondet-b")])
     print(f"deterministic / default step time: {det / default:.3f} (recorder excluded)")
     pass_bandwidth()
+    per_source(base, out / "sources")
+
+
+def per_source(base, out: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each source alone against every source off (recorded every second step, as above)."""
+    import pandas as pd
+
+    from workbench.determinism import SOURCES, SourceState
+    from workbench.errors import ConfigError
+    from workbench.runner.launch import launch
+    from workbench.workspace import Workspace
+
+    off = {f"nondeterminism.{name}": False for name in SOURCES}
+    launch(base.with_overrides({"name": "det", "deterministic": True}), out / "det", overwrite=True)
+    launch(base.with_overrides({"name": "all-off", "deterministic": False, **off}), out / "all-off", overwrite=True)
+    skipped = []
+    for name in SOURCES:
+        try:
+            cfg = base.with_overrides({"name": name, "deterministic": False, **off, f"nondeterminism.{name}": True})
+        except ConfigError as err:
+            skipped.append(f"{name}: {err}")
+            continue
+        if cfg.source_states(on_gpu=True)[name] is not SourceState.ON:
+            skipped.append(f"{name}: unavailable here (needs {SOURCES[name].needs})")
+            continue
+        launch(cfg, out / name, overwrite=True)
+    table = Workspace.open(out).attribution()
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print("per source, alone against every source off (cost: tokens/s lost making it deterministic, 95% "
+              "bootstrap interval):")
+        print(table[["source", "first_step", "first_site", "final_error", "cost_percent", "cost_low",
+                     "cost_high"]].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    for line in skipped:
+        print(f"  not run: {line}")
 
 
 if __name__ == "__main__":

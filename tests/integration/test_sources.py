@@ -6,7 +6,6 @@ from __future__ import annotations
 import fnmatch
 
 import numpy as np
-
 import pytest
 
 from tests.integration.conftest import Runs
