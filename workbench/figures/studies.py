@@ -135,7 +135,12 @@ def sources_figure(table: pd.DataFrame, *, provenance: Provenance | None = None,
                   "emulation's (negative: the emulation is slower)</sup>")
     apply_style(fig, title=title, provenance=provenance, height=max(340, 140 + 80 * len(rows)), width=1000)
     fig.update_layout(margin=dict(l=330, t=100))
-    fig.update_xaxes(type="log", exponentformat="power", title="relative L2 difference, last step", col=1)
+    finite = final[np.isfinite(final) & (final > 0)]
+    decades = ([float(np.floor(np.log10(finite.min()))), float(np.ceil(np.log10(finite.max())))]
+               if finite.size else [-8.0, 0.0])
+    decades[1] = max(decades[1], decades[0] + 1)  # whole decades, one tick each: labels that do not collide
+    fig.update_xaxes(type="log", range=decades, dtick=1, exponentformat="power",
+                     title="relative L2 difference, last step", col=1)
     fig.update_xaxes(title="tokens/s lost making it deterministic, %", col=2)
     fig.update_yaxes(autorange="reversed", col=1)
     return fig
