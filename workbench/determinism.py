@@ -127,6 +127,32 @@ def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = N
     return states
 
 
+def live_sources(fast: Mapping[str, bool], *, on_gpu: bool,
+                 present: Callable[[str], bool] = _importable) -> dict[str, SourceState]:
+    """Each source's state in a process that set its knobs itself (a researcher's own loop): ``fast`` says, per
+    source, whether its knob is in the fast, nondeterministic position. On a GPU such a source is on (or
+    unavailable without the library it needs); on a CPU unavailable, since nothing emulates it there."""
+    states = {}
+    for name, source in SOURCES.items():
+        if not fast.get(name, False):
+            states[name] = SourceState.OFF
+        elif on_gpu and (source.needs is None or present(source.needs)):
+            states[name] = SourceState.ON
+        else:
+            states[name] = SourceState.UNAVAILABLE
+    return states
+
+
+def fast_knobs(env: Mapping[str, str | None], *, deterministic_mode: bool, torch_deterministic: bool,
+               fused_cross_entropy: bool) -> dict[str, bool]:
+    """Per source, whether a process's knob is in the fast position (its variable not at the value
+    deterministic mode sets; Megatron's and torch's flags off; the fused cross-entropy on)."""
+    fast = {name: env.get(s.env[0]) != s.env[1] for name, s in SOURCES.items() if s.env is not None}
+    fast.update(embedding_atomics=not deterministic_mode, torch_algorithms=not torch_deterministic,
+                fused_cross_entropy=fused_cross_entropy)
+    return fast
+
+
 def required_env(deterministic: bool, sources: Mapping[str, SourceState] | None = None) -> dict[str, str]:
     """The variables a rank sets: each source's where it is not on (with ``sources``, a GPU rank's), else
     every one in deterministic mode and none otherwise (a CPU rank's: no CPU kernel reads them)."""

@@ -75,3 +75,16 @@ def test_the_manifest_record_lists_the_sources_on_and_older_records_are_read_too
     old_nondet = {"deterministic": False, "emulated_nondeterminism": ["embedding.word_embeddings.weight: ..."]}
     assert sources_on(old_nondet) == ["embedding_atomics"] and sources_on({"deterministic": True}) == []
     assert sources_on({}) is None
+
+
+def test_a_users_loop_has_its_sources_read_off_its_knobs() -> None:
+    from workbench.determinism import SourceState, fast_knobs, live_sources
+
+    fast = fast_knobs({"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": None, "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"},
+                      deterministic_mode=False, torch_deterministic=True, fused_cross_entropy=False)
+    assert fast == {"attention_backward": False, "splitk_gemm": True, "dp_allreduce": False,
+                    "embedding_atomics": True, "torch_algorithms": False, "fused_cross_entropy": False}
+    gpu = live_sources(fast, on_gpu=True)
+    assert [n for n, s in gpu.items() if s is SourceState.ON] == ["embedding_atomics", "splitk_gemm"]
+    cpu = live_sources(fast, on_gpu=False)  # nothing emulates them in a user's CPU loop
+    assert cpu["splitk_gemm"] is SourceState.UNAVAILABLE and SourceState.ON not in cpu.values()

@@ -81,18 +81,27 @@ def live_precision(config: Any) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def live_determinism(config: Any) -> dict[str, Any]:
-    """Every determinism switch as this process has it: Megatron's, torch's and the environment's."""
+def live_determinism(config: Any, *, on_gpu: bool = False) -> dict[str, Any]:
+    """Every determinism switch as this process has it: Megatron's, torch's and the environment's, and each
+    nondeterminism source's state from them (``workbench.determinism.live_sources``)."""
     flags = {name: getattr(config, name) for name in ("deterministic_mode", "cross_entropy_loss_fusion")
              if hasattr(config, name)}
     torch_flag = torch.are_deterministic_algorithms_enabled()
+    env = {key: os.environ.get(key) for key in determinism.NUMERICS_ENV_VARS}
+    fast = determinism.fast_knobs(env, deterministic_mode=bool(flags.get("deterministic_mode", False)),
+                                  torch_deterministic=torch_flag,
+                                  fused_cross_entropy=bool(flags.get("cross_entropy_loss_fusion", False)))
+    sources = determinism.live_sources(fast, on_gpu=on_gpu)
     return {
         "deterministic": bool(flags.get("deterministic_mode", False)) and torch_flag,
         "transformer_config": flags,
         "torch_use_deterministic_algorithms": torch_flag,
         "required_env": {},
-        "env": {key: os.environ.get(key) for key in determinism.NUMERICS_ENV_VARS},
+        "env": env,
         "emulated_nondeterminism": [],
+        "sources": {name: {"state": str(state.value), "does": determinism.SOURCES[name].gpu if on_gpu else
+                           "nothing: CPU kernels are deterministic and this loop emulates none"}
+                    for name, state in sources.items()},
     }
 
 
@@ -142,7 +151,8 @@ class TrainingRun:
                                  sites=sites)
         try:
             signature = _signature(model, config, self.recorder.parameter_count())
-            switches = live_determinism(config)
+            device = next(model.parameters()).device
+            switches = live_determinism(config, on_gpu=device.type == "cuda")
             if deterministic is not None:
                 switches["deterministic"] = deterministic
             name = name or self.run_dir.name
@@ -151,7 +161,6 @@ class TrainingRun:
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)
             self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
-            device = next(model.parameters()).device
             self._runtime = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                              "backend": dist.get_backend() if dist.is_initialized() else None,
                              "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda}
