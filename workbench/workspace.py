@@ -36,6 +36,7 @@ import xarray as xr
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
 from workbench.analysis.compare import Comparison, compare
+from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
 from workbench.analysis.growth import NoiseFloor, noise_floor
@@ -75,7 +76,8 @@ def repeat_key(run: Run, *, seed: bool = True) -> tuple[object, ...] | None:
     runs that differ only in their seed share.
 
     The runner's runs: the hash of their numerics config (everything but the name). Any other
-    producer: model signature, layout, precision, determinism and seed.
+    producer: model signature, layout, precision, determinism, seed and (where recorded) the
+    nondeterminism sources that were on.
     """
     manifest, info = run.manifest, run.info
     if manifest.get("resumes") or manifest.get("fault", "none") != "none" or manifest.get("replay"):
@@ -89,8 +91,9 @@ def repeat_key(run: Run, *, seed: bool = True) -> tuple[object, ...] | None:
             return None
     if info.model is None or info.seed is None or info.deterministic is None:
         return None
+    sources = sources_on(info.determinism) if info.determinism.get("sources") else None
     return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
-            *([info.seed] if seed else []))
+            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []))
 
 
 class Workspace:
@@ -292,26 +295,35 @@ class Workspace:
                 and r.info.configuration() == configuration and self.sources_of(n) == []]
 
     def attribution(self, *, stat: str = "l2", warmup: int = 2, interval: float = 95.0) -> pd.DataFrame:
-        """``analysis.sources.attribution``: each source run against the reference, with the noise floor, and
-        what it costs in tokens/s against the all-off runs; empty without source runs."""
+        """``analysis.sources.attribution``: the first run of each source against the reference, with the noise
+        floor, and what the source costs in tokens/s (``source_cost``); empty without source runs."""
         if not self.source_runs:
             return pd.DataFrame(columns=SOURCE_COLUMNS)
         first: dict[str, str] = {}  # the first run of each source: its row
         for name, label in sorted(self.source_runs.items()):
             first.setdefault(label, name)
         summary = self.ladder(list(first.values()), stat=stat).summary
+        cost = self.source_cost(warmup=warmup, interval=interval)
+        return attribution(summary, {name: label for label, name in first.items()}, cost)
+
+    def source_cost(self, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0) -> pd.DataFrame:
+        """``analysis.sources.source_cost``: each source's runs against the all-off runs of the reference's
+        configuration, in tokens/s or (``measure="step_time"``) steps/s; empty without both."""
+        _check_measure(measure)
         rates: dict[str, list[np.ndarray]] = {}
         for name, label in self.source_runs.items():
-            rates.setdefault(label, []).append(self.scalars(name)["tokens_per_s"].to_numpy(dtype=float))
-        baseline = [self.scalars(n)["tokens_per_s"].to_numpy(dtype=float) for n in self.all_off_runs]
-        cost = source_cost(rates, baseline, warmup=warmup, interval=interval) if baseline else None
-        return attribution(summary, {name: label for label, name in first.items()}, cost)
+            rates.setdefault(label, []).append(self._rate(name, measure))
+        baseline = [self._rate(n, measure) for n in self.all_off_runs] if rates else []
+        if not baseline:
+            return pd.DataFrame(columns=COST_COLUMNS)
+        return source_cost(rates, baseline, warmup=warmup, interval=interval)
 
     @property
     def on_cpu(self) -> bool:
-        """Whether any run here ran on a CPU (where nondeterminism is emulated and costs are the emulation's)."""
-        return any(str(r.manifest.get("runtime", {}).get("device", "cpu")).startswith("cpu")
-                   for r in self.runs.values())
+        """Whether any run here says it ran on a CPU (where nondeterminism is emulated and costs are the
+        emulation's); runs that do not say (imported ones) do not count."""
+        return any(str(r.manifest["runtime"].get("device", "cpu")).startswith("cpu") for r in self.runs.values()
+                   if isinstance(r.manifest.get("runtime"), dict))
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
@@ -361,19 +373,18 @@ class Workspace:
              configs: Iterable[str] | None = None) -> pd.DataFrame:
         """Determinism tax per configuration (``analysis.cost.determinism_cost``), from tokens per second
         (the recorder's time left out) or, with ``measure="step_time"``, from steps per second."""
-        if measure not in ("tokens_per_s", "step_time"):
-            raise ArgumentError(f"measure {measure!r}: tokens_per_s or step_time")
+        _check_measure(measure)
         wanted = set(configs) if configs is not None else None
-
-        def rate(name: str) -> np.ndarray:
-            values = self.scalars(name)[measure].to_numpy(dtype=float)
-            return values if measure == "tokens_per_s" else 1.0 / values
-
-        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), rate(name))
+        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), self._rate(name, measure))
                    for name, run in self.runs.items()
                    if name not in self.faulted and run.info.deterministic is not None
                    and (wanted is None or run.info.configuration() in wanted)]
         return determinism_cost(samples, warmup=warmup, interval=interval)
+
+    def _rate(self, name: str, measure: str) -> np.ndarray:
+        """Per step: tokens/s (``tokens_per_s``), or steps/s from the step time (``step_time``)."""
+        values = self.scalars(name)[measure].to_numpy(dtype=float)
+        return values if measure == "tokens_per_s" else 1.0 / values
 
     def scales(self, column: str = "val_loss", names: Iterable[str] | None = None) -> tuple[int | None, pd.DataFrame]:
         """``analysis.scales.judge_against_scales`` of ``column`` at the last step where the reference, the
@@ -526,6 +537,11 @@ class Workspace:
                           configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
                           schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
                           revision=", ".join(r[:12] for r in revisions) or None)
+
+
+def _check_measure(measure: str) -> None:
+    if measure not in ("tokens_per_s", "step_time"):
+        raise ArgumentError(f"measure {measure!r}: tokens_per_s or step_time")
 
 
 def _envelope(series: dict[str, pd.Series]) -> tuple[pd.Series, pd.Series] | None:

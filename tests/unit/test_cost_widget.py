@@ -65,3 +65,24 @@ def test_bad_cost_arguments(folder: Path) -> None:
         ws.cost(measure="loss")
     with pytest.raises(ArgumentError, match="between 0 and 100"):
         ws.cost(interval=100.0)
+
+
+def test_an_attribution_study_adds_the_cost_of_each_source(tmp_path: Path) -> None:
+    from workbench.determinism import describe, resolve
+
+    rng = np.random.default_rng(1)
+    runs = (("det", None, 1000.0), ("all-off", {}, 1000.0), ("splitk", {"splitk_gemm": True}, 800.0))
+    for name, table, speed in runs:
+        run = write_synthetic_run(tmp_path / name, steps=30, sites=4)
+        deterministic = table is None
+        requested = {"embedding_atomics": False, **(table or {})}
+        sources = resolve(deterministic, None if deterministic else requested, on_gpu=False)
+        _throughput(run, speed * (1 + 0.01 * rng.standard_normal(30)), deterministic=deterministic)
+        update_manifest(run, determinism=describe(deterministic, sources=sources))
+    widget = CostWidget(tmp_path)
+    assert widget.workspace.source_runs == {"splitk": "splitk_gemm"}  # type: ignore[union-attr]
+    assert widget.by_source["config"].tolist() == ["splitk_gemm"]
+    assert -25 < widget.by_source["tax_percent"].iloc[0] < -15  # 800 / 1000 - 1: the emulation is the slower
+    assert widget.source_box.layout.display is None and "1 nondeterminism sources" in widget.status.value
+    widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path / "out"), ("html",)
+    assert {p.name for p in widget.export()} >= {"source-cost.html", "source-cost.csv"}

@@ -40,25 +40,27 @@ def acts_where_expected(label: str, site: object) -> bool | None:
 
 def source_cost(rates: dict[str, list[np.ndarray]], baseline: list[np.ndarray], *, warmup: int = 2,
                 interval: float = 95.0) -> pd.DataFrame:
-    """Per source label, the throughput its runs lose against the all-off ``baseline`` runs (tokens/s per
-    step): ``cost_percent`` = (median all-off / median with the source - 1) x 100, positive when the source
-    on is the faster (making it deterministic costs that much), with a bootstrap interval."""
+    """Per source label, the throughput its runs lose against the all-off ``baseline`` runs (a rate per
+    step, e.g. tokens/s): ``analysis.cost.determinism_cost``'s columns with ``config`` the source and the
+    all-off runs as the deterministic side, so ``tax_percent`` = (median all-off / median with the source
+    - 1) x 100 (positive when the source on is the faster: making it deterministic costs that much)."""
     samples = [ThroughputSample(label, True, r) for label in rates for r in baseline]
     samples += [ThroughputSample(label, False, r) for label, runs in rates.items() for r in runs]
-    table = determinism_cost(samples, warmup=warmup, interval=interval)
-    return table.rename(columns={"config": "source", "tax_percent": "cost_percent", "ci_low": "cost_low",
-                                 "ci_high": "cost_high"})[["source", "cost_percent", "cost_low", "cost_high"]]
+    return determinism_cost(samples, warmup=warmup, interval=interval)
 
 
 def attribution(summary: pd.DataFrame, sources: dict[str, str], cost: pd.DataFrame | None = None) -> pd.DataFrame:
     """``COLUMNS``, one row per run of ``sources`` (run -> source label) found in the ladder ``summary``,
-    in the order of ``SOURCES``; cost columns NaN without a ``cost`` row for the source."""
+    in the order of ``SOURCES``; ``cost`` is ``source_cost``'s table (cost columns NaN without a row for the
+    source)."""
     rows = summary[summary["run"].isin(list(sources))].copy()
     rows.insert(0, "source", rows["run"].map(sources))
     rows["where_it_acts"] = [acts_where_expected(label, site) for label, site in zip(rows["source"],
                                                                                     rows["first_site"], strict=True)]
     if cost is not None and not cost.empty:
-        rows = rows.merge(cost, on="source", how="left")
+        renamed = cost.rename(columns={"config": "source", "tax_percent": "cost_percent", "ci_low": "cost_low",
+                                       "ci_high": "cost_high"})
+        rows = rows.merge(renamed[["source", "cost_percent", "cost_low", "cost_high"]], on="source", how="left")
     for column in ("cost_percent", "cost_low", "cost_high"):
         if column not in rows:
             rows[column] = np.nan

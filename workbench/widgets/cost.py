@@ -1,4 +1,4 @@
-"""The cost widget: what deterministic mode costs in throughput, per configuration.
+"""The cost widget: what deterministic mode costs in throughput, per configuration and per source.
 
     from workbench.widgets.cost import CostWidget
     CostWidget("data/runs/demo")
@@ -6,8 +6,10 @@
 Controls: the configurations, the measure (tokens/s with the recorder's time left out, or
 steps/s from the step time), the warm-up steps left out of each run and the bootstrap
 interval. The figure is ``workbench.figures.studies.cost_figure``, the table beside it the
-numbers; on a CPU the caveat is shown with them (CPU kernels are deterministic either way, so
-the only cost measured there is the emulation's). Export writes the figure and the table as CSV.
+numbers; where the folder holds an attribution study (``workbench/examples/sources.toml``), a
+second figure and table give each nondeterminism source's cost against the runs with every
+source off. On a CPU the caveat is shown with them (CPU kernels are deterministic either way, so
+the only cost measured there is the emulation's). Export writes the figures and the tables as CSV.
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ class CostWidget(widgets.VBox):
         self.caveat = widgets.HTML()
         self.figure = go.FigureWidget()
         self.numbers = widgets.Output()
-        self.export_bar = ExportBar(self.status, lambda: None if not self.figure.data else (
-            {"determinism-cost": go.Figure(self.figure)}, {"determinism-cost": self.table}))
+        self.by_source = pd.DataFrame()
+        self.source_figure = go.FigureWidget()
+        self.source_numbers = widgets.Output()
+        self.source_box = widgets.VBox([self.source_figure, self.source_numbers])
+        self.export_bar = ExportBar(self.status, self._exported)
         self.children = [widgets.HBox([self.configs, widgets.VBox([self.measure, self.warmup, self.interval])]),
-                         self.status, self.caveat, self.figure, self.numbers, self.export_bar]
+                         self.status, self.caveat, self.figure, self.numbers, self.source_box, self.export_bar]
         self._quiet = True
         self.open_runs(directory or runs_dir())
         for control in (self.configs, self.measure, self.warmup, self.interval):
@@ -61,9 +66,7 @@ class CostWidget(widgets.VBox):
             return
         configs = self.workspace.configurations
         self.configs.options, self.configs.value = configs, tuple(configs)
-        on_cpu = any(r.manifest.get("runtime", {}).get("device", "cpu").startswith("cpu") for r in
-                     self.workspace.runs.values() if isinstance(r.manifest.get("runtime"), dict))
-        self.caveat.value = f"<i>{CPU_CAVEAT}</i>" if on_cpu else ""
+        self.caveat.value = f"<i>{CPU_CAVEAT}</i>" if self.workspace.on_cpu else ""
 
     def update(self) -> None:
         if self._quiet or self.workspace is None:
@@ -80,6 +83,26 @@ class CostWidget(widgets.VBox):
             print(self.table.to_string(index=False, float_format=lambda x: f"{x:.2f}") if not self.table.empty
                   else "no configuration here has both deterministic and default runs")
         self.status.value = f"{len(self.table)} configurations with both modes ({rate})"
+        self.by_source = self.workspace.source_cost(measure=measure, warmup=self.warmup.value,
+                                                    interval=self.interval.value)
+        self.source_box.layout.display = None if not self.by_source.empty else "none"
+        if not self.by_source.empty:
+            show(self.source_figure, cost_figure(self.by_source, provenance=self.workspace.provenance(), rate=rate,
+                                                 interval=self.interval.value, sides=("every source off", "source on"),
+                                                 title="what making each nondeterminism source deterministic costs"))
+            self.source_numbers.clear_output()
+            with self.source_numbers:
+                print(self.by_source.rename(columns={"config": "source"}).to_string(
+                    index=False, float_format=lambda x: f"{x:.2f}"))
+            self.status.value += f"; {len(self.by_source)} nondeterminism sources against every source off"
+
+    def _exported(self) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]] | None:
+        if not self.figure.data:
+            return None
+        figures, tables = {"determinism-cost": go.Figure(self.figure)}, {"determinism-cost": self.table}
+        if not self.by_source.empty:
+            figures["source-cost"], tables["source-cost"] = go.Figure(self.source_figure), self.by_source
+        return figures, tables
 
     def export(self) -> list[Path]:
         return self.export_bar.export()
