@@ -27,7 +27,7 @@ import plotly.offline
 from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
-from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
+from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure, sources_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.study_report import StudySummary, summarise
 from workbench.workspace import Workspace
@@ -85,6 +85,9 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     cost = ws.cost()
     if not cost.empty:
         figures["cost"] = cost_figure(cost, provenance=ws.provenance())
+    sources = ws.attribution()
+    if not sources.empty:
+        figures["sources"] = sources_figure(sources, on_cpu=ws.on_cpu, provenance=ws.provenance())
     return figures
 
 

@@ -64,3 +64,7 @@ def test_the_study_attributes_each_difference_to_its_source(runs: Runs) -> None:
     text = summarise(ws).text()
     assert "which source matters?" in text and "the workbench's emulation" in text
     assert "nondet[splitk_gemm]" in text and "nondet[all off]" in text  # the run table names the sources
+    from workbench.report import report_figures
+
+    figure = report_figures(ws)["sources"]  # the report draws it too
+    assert [row.split("<br>")[0] for row in figure.data[0].y] == [f"<b>{s}</b>" for s in alone]
