@@ -177,6 +177,8 @@ class _ReorderedAttentionBackward(torch.autograd.Function):
 def _attention_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:  # type: ignore[type-arg]
     query, key, value = args[:3]
     mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
+    if mask is None and "causal" in str(getattr(module, "attn_mask_type", "")):  # Megatron's implicit causal mask
+        mask = torch.ones(query.shape[0], key.shape[0], dtype=torch.bool, device=query.device).triu(1)[None, None]
     return _ReorderedAttentionBackward.apply(output, query, key, value, mask, float(module.softmax_scale))  # type: ignore[arg-type]
 
 
