@@ -287,7 +287,7 @@ class Workspace:
                 found[name] = source_label(sources)
         return found
 
-    @property
+    @cached_property
     def all_off_runs(self) -> list[str]:
         """Runs of the reference's configuration with every source off (deterministic ones included)."""
         configuration = self.runs[self.reference].info.configuration()
