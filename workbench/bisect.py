@@ -13,7 +13,8 @@
 
 The replays and the report (``bisect.json``, ``bisect.md`` and, when operations were traced,
 ``operations.html``: the operation figure, plotly.js inline) go into ``out``. Pipeline-
-parallel runs stop at step and site: their operation order across stages is not traced.
+parallel runs stop at step and site: their operation order across stages is not traced; so do
+expert-parallel runs, whose ranks run different experts.
 Imports no torch.
 """
 
@@ -104,6 +105,9 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
     skipped = None
     if a.info.layout.pp > 1 or b.info.layout.pp > 1:
         skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
+    elif a.info.layout.ep > 1 or b.info.layout.ep > 1:
+        skipped = ("operation tracing supports EP = 1 only: the expert-parallel ranks run different experts' "
+                   "operations, and the trace of one rank does not hold the others'")
     replays: list[Replay] = []
     operation = None
     note = None

@@ -73,6 +73,13 @@ class ModelConfig:
     """Standard deviation of the normal initialisation of weight matrices."""
     position_embedding: PositionEmbedding = PositionEmbedding.ROPE
     """``rope`` or ``learned_absolute``."""
+    num_experts: int = 0
+    """0: a dense MLP in every layer; N >= 2: a Mixture-of-Experts MLP of N experts in every layer
+    (Megatron's ``MoELayer``: top-k router with the load-balancing aux loss, ``allgather`` dispatcher)."""
+    moe_topk: int = 2
+    """Experts each token is routed to (MoE only); 1 to ``num_experts``."""
+    moe_aux_loss_coeff: float = 0.01
+    """Weight of the load-balancing aux loss (MoE only); 0 switches it off."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
@@ -85,6 +92,18 @@ class ModelConfig:
                  self.init_std, "a number > 0")
         object.__setattr__(self, "position_embedding",
                            _enum(PositionEmbedding, self.position_embedding, "model.position_embedding"))
+        _require(isinstance(self.num_experts, int) and not isinstance(self.num_experts, bool)
+                 and (self.num_experts == 0 or self.num_experts >= 2), "model.num_experts", self.num_experts,
+                 "0 (dense) or a whole number >= 2")
+        if self.num_experts:
+            _require(isinstance(self.moe_topk, int) and 1 <= self.moe_topk <= self.num_experts, "model.moe_topk",
+                     self.moe_topk, f"a whole number from 1 to model.num_experts ({self.num_experts})")
+            _require(isinstance(self.moe_aux_loss_coeff, (int, float)) and self.moe_aux_loss_coeff >= 0,
+                     "model.moe_aux_loss_coeff", self.moe_aux_loss_coeff, "a number >= 0")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def ffn_size(self) -> int:
@@ -93,7 +112,11 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutConfig:
-    """How the model is split over processes: world size = tp x pp x dp."""
+    """How the model is split over processes: world size = tp x pp x dp.
+
+    Expert parallelism does not add processes: as in Megatron, the experts of a MoE layer are
+    split over ``ep`` of the data-parallel ranks (each rank keeps ``num_experts / ep`` of them).
+    """
 
     tp: int = 1
     """Tensor-parallel size."""
@@ -101,17 +124,29 @@ class LayoutConfig:
     """Pipeline-parallel size (1F1B schedule when > 1)."""
     dp: int = 1
     """Data-parallel size (Megatron DDP grad buffers)."""
+    ep: int = 1
+    """Expert-parallel size (MoE only): a divisor of ``dp`` and of ``model.num_experts``."""
+    sp: bool = False
+    """Sequence parallelism (needs tp > 1): norms, dropout and residuals on a TP rank's share of the sequence."""
+    vp: int = 1
+    """Virtual pipeline stages per pipeline rank (interleaved 1F1B when > 1; needs pp > 1)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp"):
+        for name in ("tp", "pp", "dp", "ep", "vp"):
             _positive(f"layout.{name}", getattr(self, name))
+        _require(self.vp == 1 or self.pp > 1, "layout.vp", self.vp, "1 with layout.pp = 1 (virtual stages split "
+                 "each pipeline rank's layers)")
+        _require(isinstance(self.sp, bool), "layout.sp", self.sp, "true or false")
+        _require(not self.sp or self.tp > 1, "layout.sp", self.sp, "false with layout.tp = 1 (sequence parallelism "
+                 "splits the sequence over the tensor-parallel ranks)")
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
     def summary(self) -> str:
-        return f"TP{self.tp}-PP{self.pp}-DP{self.dp}"
+        return f"TP{self.tp}-PP{self.pp}-DP{self.dp}" + (f"-VP{self.vp}" if self.vp > 1 else "") + \
+            ("-SP" if self.sp else "") + (f"-EP{self.ep}" if self.ep > 1 else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +237,9 @@ class NondeterminismConfig:
     """torch's own nondeterministic kernels (GPU only)."""
     fused_cross_entropy: bool | None = None
     """Megatron's fused cross-entropy (GPU only)."""
+    moe_token_combine: bool | None = None
+    """MoE only: expert outputs added back into token order with atomics (CPU: in a random order; on a GPU
+    this is torch's ``scatter_add_``, switched with ``torch_algorithms``)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -349,6 +387,15 @@ class RunConfig:
                  f"a multiple of micro_batch_size x layout.dp = {per_step}")
         _require(m.num_layers % lay.pp == 0, "layout.pp", lay.pp,
                  f"a divisor of model.num_layers ({m.num_layers})")
+        _require(m.num_layers % (lay.pp * lay.vp) == 0, "layout.vp", lay.vp,
+                 f"a divisor of model.num_layers / layout.pp ({m.num_layers // lay.pp})")
+        _require(lay.vp == 1 or self.num_microbatches % lay.pp == 0, "layout.vp", lay.vp,
+                 f"1 unless layout.pp ({lay.pp}) divides the micro-batches per step ({self.num_microbatches}): "
+                 "the interleaved schedule runs them in groups of pp")
+        _require(lay.vp == 1 or self.eval.every == 0 or (self.eval.samples // per_step) % lay.pp == 0,
+                 "eval.samples", self.eval.samples, f"a multiple of micro_batch_size x layout.dp x layout.pp = "
+                 f"{per_step * lay.pp} with layout.vp > 1 (the interleaved schedule runs micro-batches in groups "
+                 "of pp)")
         for name, size in (("num_attention_heads", m.num_attention_heads), ("vocab_size", m.vocab_size),
                            ("ffn_hidden_size", m.ffn_size)):
             _require(size % lay.tp == 0, "layout.tp", lay.tp, f"a divisor of model.{name} ({size})")
@@ -358,10 +405,24 @@ class RunConfig:
                  self.record.snapshot_steps, f"steps below steps ({self.steps})")
         _require(self.fault.kind is FaultKind.NONE or self.fault.step < self.steps, "fault.step", self.fault.step,
                  f"a step below steps ({self.steps})")
+        _require(not lay.sp or m.seq_length % lay.tp == 0, "layout.sp", lay.sp,
+                 f"false unless layout.tp ({lay.tp}) divides model.seq_length ({m.seq_length})")
+        _require(not (m.is_moe and lay.tp > 1 and not lay.sp), "layout.sp", lay.sp,
+                 "true for a MoE model with layout.tp > 1 (Megatron's MoELayer refuses TP without sequence "
+                 "parallelism)")
+        if lay.ep > 1:
+            _require(m.is_moe, "layout.ep", lay.ep, "1 for a dense model (set model.num_experts for experts to split)")
+            _require(lay.dp % lay.ep == 0, "layout.ep", lay.ep,
+                     f"a divisor of layout.dp ({lay.dp}): Megatron builds the expert groups out of the data-parallel "
+                     "ranks")
+            _require(m.num_experts % lay.ep == 0, "layout.ep", lay.ep,
+                     f"a divisor of model.num_experts ({m.num_experts})")
         switched_on = [name for name, on in self.nondeterminism.requested().items() if on]
         _require(not (self.deterministic and switched_on), f"nondeterminism.{(switched_on or [''])[0]}", True,
                  "false or absent: deterministic = true turns every source off (set deterministic = false to "
                  "switch sources on one by one)")
+        _require(not (self.nondeterminism.moe_token_combine and not m.is_moe), "nondeterminism.moe_token_combine",
+                 True, "false or absent for a dense model (model.num_experts = 0)")
         _require(not (self.nondeterminism.dp_allreduce and lay.dp < 3), "nondeterminism.dp_allreduce", True,
                  f"false with layout.dp = {lay.dp}: a sum of two contributions commutes exactly, so the "
                  "association changes nothing below 3 data-parallel ranks")
@@ -370,7 +431,8 @@ class RunConfig:
         """Each nondeterminism source's state in this run (``workbench.determinism.resolve``)."""
         from workbench.determinism import resolve
 
-        return resolve(self.deterministic, self.nondeterminism.requested(), on_gpu=on_gpu)
+        return resolve(self.deterministic, self.nondeterminism.requested(), on_gpu=on_gpu,
+                       moe=self.model.is_moe)
 
     @property
     def num_microbatches(self) -> int:
@@ -383,7 +445,8 @@ class RunConfig:
     def summary(self) -> str:
         m = self.model
         mode = "det" if self.deterministic else "nondet"
-        return (f"L{m.num_layers} H{m.hidden_size} {self.layout.summary()} {self.precision.value} "
+        moe = f" E{m.num_experts}top{m.moe_topk}" if m.is_moe else ""
+        return (f"L{m.num_layers} H{m.hidden_size}{moe} {self.layout.summary()} {self.precision.value} "
                 f"{mode} seed{self.seed}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -422,6 +485,15 @@ class RunConfig:
         switched = {k: v for k, v in data.pop("nondeterminism").items() if v is not None}
         if switched:  # runs without a [nondeterminism] table keep the hash they had before it existed
             data["nondeterminism"] = switched
+        if not self.model.is_moe:  # dense runs keep the hash they had before experts existed
+            for key in ("num_experts", "moe_topk", "moe_aux_loss_coeff"):
+                data["model"].pop(key)
+        if self.layout.ep == 1:
+            data["layout"].pop("ep")
+        if not self.layout.sp:
+            data["layout"].pop("sp")
+        if self.layout.vp == 1:
+            data["layout"].pop("vp")
         if data["fault"]["kind"] == FaultKind.NONE.value:
             data.pop("fault")  # runs without a fault keep the hash they had before faults existed
         text = json.dumps(data, sort_keys=True)

@@ -64,6 +64,10 @@ class Source:
     """On in a nondeterministic CPU run whose table does not name it."""
     needs: str | None = None
     """A module without which the GPU knob has nothing to act on (the source is then unavailable)."""
+    gpu_knob: bool = True
+    """False where a GPU has no knob of this source's own (another source's switches it there)."""
+    moe_only: bool = False
+    """Only a Mixture-of-Experts model has the operation (off in a dense run)."""
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
@@ -98,6 +102,13 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("fused_cross_entropy",
            gpu="TransformerConfig.cross_entropy_loss_fusion on: Megatron's fused vocab-parallel cross-entropy",
            cpu=None, acts_at=(), gpu_default=False),
+    Source("moe_token_combine",
+           gpu="switched by torch_algorithms on a GPU: Megatron's unpermute adds the expert outputs back into token "
+               "order with scatter_add_ (atomics) where torch's deterministic algorithms are off",
+           cpu="each MoE layer's unpermute: the expert outputs added back into token order (index_add_) in a random "
+               "order (changes bits where three or more outputs meet in one token: moe_topk >= 3)",
+           acts_at=("act:layers.*.mlp",), gpu_default=False, cpu_default=True,
+           gpu_knob=False, moe_only=True),
 )}
 """Every source by name; ``deterministic = true`` turns them all off."""
 
@@ -110,9 +121,10 @@ def _importable(module: str) -> bool:
 
 
 def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = None, *, on_gpu: bool,
-            present: Callable[[str], bool] = _importable) -> dict[str, SourceState]:
+            present: Callable[[str], bool] = _importable, moe: bool = False) -> dict[str, SourceState]:
     """Each source's state in a run: ``requested`` (the config's ``[nondeterminism]`` table, None for a source
-    it does not name) over the device's defaults; every source off in deterministic mode."""
+    it does not name) over the device's defaults; every source off in deterministic mode, and the MoE sources
+    off in a dense model (``moe`` False)."""
     requested = dict(requested or {})
     unknown = sorted(set(requested) - set(SOURCES))
     if unknown:
@@ -120,9 +132,10 @@ def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = N
     states = {}
     for name, source in SOURCES.items():
         wanted = requested.get(name)
-        on = False if deterministic else (wanted if wanted is not None else
-                                          (source.gpu_default if on_gpu else source.cpu_default))
-        can = (source.needs is None or present(source.needs)) if on_gpu else source.cpu is not None
+        on = False if deterministic or (source.moe_only and not moe) else (
+            wanted if wanted is not None else (source.gpu_default if on_gpu else source.cpu_default))
+        can = (source.gpu_knob and (source.needs is None or present(source.needs))) if on_gpu \
+            else source.cpu is not None
         states[name] = SourceState.OFF if not on else SourceState.ON if can else SourceState.UNAVAILABLE
     return states
 

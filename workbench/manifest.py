@@ -56,8 +56,11 @@ def new_manifest(cfg: RunConfig, *, resumed: bool = False) -> dict[str, Any]:
         run_id=f"{cfg.name}-{uuid.uuid4().hex[:8]}", name=cfg.name, producer=RUNNER,
         model=ModelSignature(num_layers=m.num_layers, hidden_size=m.hidden_size,
                              num_attention_heads=m.num_attention_heads, vocab_size=m.vocab_size,
-                             seq_length=m.seq_length),
-        layout=ParallelLayout(tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp), precision=cfg.precision.value,
+                             seq_length=m.seq_length, num_experts=m.num_experts or None,
+                             moe_topk=m.moe_topk if m.is_moe else None),
+        layout=ParallelLayout(tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp, ep=cfg.layout.ep,
+                              sp=cfg.layout.sp, vp=cfg.layout.vp if cfg.layout.vp > 1 else None),
+        precision=cfg.precision.value,
         deterministic=cfg.deterministic, seed=cfg.seed, determinism=determinism.describe(cfg.deterministic),
         config=cfg.to_dict())
     return {

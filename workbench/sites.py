@@ -7,9 +7,13 @@ a tensor-parallel shard, so runs with different TP/PP/DP layouts line up name fo
     layers.3.self_attention.linear_qkv.weight     (global layer 3, 0-based)
     final_layernorm.weight
     output_layer.weight
+    layers.1.mlp.router.weight                    (a MoE layer's router)
+    layers.1.mlp.experts.5.linear_fc1.weight      (expert 5 of the layer, whichever EP rank holds it)
 
 Wrappers (Megatron's DDP, ``Float16Module``) add ``module.`` prefixes and the decoder
-adds ``decoder.``; both are removed. Imports nothing from torch.
+adds ``decoder.``; both are removed. Megatron numbers a rank's experts locally
+(``experts.local_experts.K``); the name carries the global index, ``experts.E``, with
+E = the rank's first expert + K. Imports nothing from torch.
 
 A recorded *site* is a kind and a name, ``"kind:name"``: ``param:layers.0.mlp.linear_fc1.weight``,
 ``act:layers.0.mlp``, ``grad:output_layer.weight``. ``SITE_KINDS`` lists the kinds in the order
@@ -24,6 +28,7 @@ from collections.abc import Mapping
 _WRAPPER_PREFIX = "module."
 _LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=\.|$)")
 _GLOBAL_LAYER = re.compile(r"^layers\.(\d+)(?=\.|$)")
+_LOCAL_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)(?=\.|$)")
 
 
 SITE_KINDS: tuple[str, ...] = (
@@ -56,12 +61,16 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
-def canonical_name(local_name: str, global_layer: Mapping[int, int]) -> str:
+def canonical_name(local_name: str, global_layer: Mapping[int, int], first_expert: int = 0) -> str:
     """The canonical name of a parameter or module known locally as ``local_name``.
 
-    ``global_layer`` maps this stage's local layer index to the global (0-based) one.
+    ``global_layer`` maps this stage's local layer index to the global (0-based) one;
+    ``first_expert`` is the global index of this rank's first local expert.
     """
     name = strip_wrappers(local_name)
+    expert = _LOCAL_EXPERT.search(name)
+    if expert:
+        name = f"{name[:expert.start()]}.experts.{first_expert + int(expert.group(1))}{name[expert.end():]}"
     match = _LOCAL_LAYER.match(name)
     if match:
         local = int(match.group(1))
@@ -71,6 +80,12 @@ def canonical_name(local_name: str, global_layer: Mapping[int, int]) -> str:
     if name.startswith("decoder."):
         return name[len("decoder."):]
     return name
+
+
+def expert_of(name: str) -> int | None:
+    """The global expert index of a canonical name inside an expert (``layers.1.mlp.experts.5...``), else None."""
+    match = re.search(r"\.experts\.(\d+)(?=\.|$)", name)
+    return int(match.group(1)) if match else None
 
 
 def layer_of(site: str) -> int | None:

@@ -75,7 +75,7 @@ def test_round_trip_and_hash() -> None:
 
 def test_override_of_unknown_key() -> None:
     with pytest.raises(ConfigError, match="does not name a config field"):
-        RunConfig(name="a").with_overrides({"layout.ep": 2})
+        RunConfig(name="a").with_overrides({"layout.cp": 2})
 
 
 def test_integers_are_accepted_for_float_fields() -> None:

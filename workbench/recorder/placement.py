@@ -79,13 +79,19 @@ def parameter_placement(param: torch.Tensor, *, tp_rank: int, tp_size: int, dp_r
 
 
 def activation_placement(shape: tuple[int, ...], *, sample_offset: int, global_batch: int,
-                         feature_shard: tuple[int, int] | None, tp_rank: int) -> Placement:
+                         feature_shard: tuple[int, int] | None, tp_rank: int,
+                         seq_shard: tuple[int, int] | None = None) -> Placement:
     """A Megatron activation [seq, batch, *features] as a piece of [global batch, seq, *features].
 
     ``feature_shard`` = (tp_rank, tp_size) when the last dimension is split over TP ranks
-    (the output layer's logits); otherwise the tensor is a TP replica and TP rank 0 counts it.
+    (the output layer's logits); ``seq_shard`` likewise when the sequence is (sequence
+    parallelism); otherwise the tensor is a TP replica and TP rank 0 counts it.
     """
     seq, batch, *features = shape
+    seq_offset = 0
+    if seq_shard is not None:
+        seq_offset = seq_shard[0] * seq
+        seq *= seq_shard[1]
     full_features = list(features)
     feature_offsets = [0] * len(features)
     if feature_shard is not None and features:
@@ -93,8 +99,8 @@ def activation_placement(shape: tuple[int, ...], *, sample_offset: int, global_b
         full_features[-1] *= size
         feature_offsets[-1] = rank * features[-1]
     return Placement(full_shape=(global_batch, seq, *full_features), dims=(1, 0, *range(2, 2 + len(features))),
-                     offsets=(0, sample_offset, *feature_offsets),
-                     contributes=feature_shard is not None or tp_rank == 0)
+                     offsets=(seq_offset, sample_offset, *feature_offsets),
+                     contributes=feature_shard is not None or seq_shard is not None or tp_rank == 0)
 
 
 def token_placement(shape: tuple[int, ...], *, sample_offset: int, global_batch: int, tp_rank: int) -> Placement:

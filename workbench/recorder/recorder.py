@@ -38,6 +38,7 @@ import torch.distributed as dist
 from workbench.config import RecordConfig
 from workbench.errors import DamagedStoreError
 from workbench.recorder import kernels
+from workbench.recorder.moe import MoEHooks, moe_layers
 from workbench.recorder.placement import Placement, activation_placement, token_placement
 from workbench.recorder.targets import (
     ParallelRanks,
@@ -48,7 +49,7 @@ from workbench.recorder.targets import (
     parameter_targets,
     unwrap,
 )
-from workbench.sites import SITE_KINDS, layer_of, site_id
+from workbench.sites import SITE_KINDS, expert_of, layer_of, site_id
 from workbench.statistics import PRECISION_LIMITS, assemble
 from workbench.store import layout
 from workbench.store.writer import (
@@ -96,7 +97,8 @@ class _Accumulator:
 class _LocalSite:
     kind: str
     name: str
-    order: tuple[int, int, int]
+    order: tuple[int, int, int, int, int]
+    """(kind, stage, position seen, global expert, position seen): experts in global order across EP ranks."""
     shape: tuple[int, ...]
     dtype: str
 
@@ -168,6 +170,10 @@ class Recorder:
         self._device = self._params[0].param.device if self._params else torch.device("cpu")
         self._local: dict[str, _LocalSite] = {}
         self._seen = 0
+        self._expert_blocks: dict[tuple[str, str], int] = {}
+        self._seq_length = 0
+        self._sequence_parallel = any(getattr(getattr(m, "config", None), "sequence_parallel", False)
+                                      for c in self._chunks for m in (c, unwrap(c)))
         self._registry: list[str] | None = None
         self._index: dict[str, int] = {}
         self._pending: list[_PendingStep] = []
@@ -209,6 +215,15 @@ class Recorder:
             model = unwrap(chunk)
             if "loss" in self._kinds:
                 self._handles.append(model.register_forward_hook(self._on_model_output))
+        if self._kinds & {"act", "loss"}:
+            layers = moe_layers(self._chunks)
+            if layers:
+                hooks = MoEHooks(layers, record=self._record_timed, offset=lambda: self._offset,
+                                 seq_shard=self._seq_shard,
+                                 global_batch=lambda batch: self._global_batch or batch,
+                                 wanted=lambda kind: kind in self._kinds, active=lambda: self._state is not None,
+                                 tp_rank=self._ranks.tp_rank, expert_tp_size=self._ranks.expert_tp_size)
+                self._undo.append(hooks.remove)
         if self._kinds & {"act", "act_grad"}:
             for name, module in activation_modules(self._chunks):
                 sharded = is_feature_sharded(module)
@@ -260,7 +275,10 @@ class Recorder:
         self._explicit_offset = sample_offset
 
     def _on_microbatch_start(self, module: torch.nn.Module, args: Any) -> None:
-        batch = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.ndim >= 2), 0)
+        tokens = next((a for a in args if isinstance(a, torch.Tensor) and a.ndim >= 2), None)
+        batch = 0 if tokens is None else tokens.shape[0]
+        if tokens is not None:  # [batch, seq]: a sequence-parallel activation holds seq / TP positions of it
+            self._seq_length = int(tokens.shape[1])
         if self._explicit_offset is not None:
             self._offset, self._explicit_offset = self._explicit_offset, None
         else:  # nothing declared: DP ranks hold consecutive, equal shares of the global batch
@@ -276,11 +294,18 @@ class Recorder:
         global_batch = self._global_batch or tensor.shape[1]
         placement = activation_placement(tuple(tensor.shape), sample_offset=self._offset, global_batch=global_batch,
                                          feature_shard=(self._ranks.tp_rank, self._ranks.tp_size) if sharded else None,
-                                         tp_rank=self._ranks.tp_rank)
+                                         tp_rank=self._ranks.tp_rank, seq_shard=self._seq_shard(tensor.shape[0]))
         if "act" in self._kinds:
             self._record("act", name, tensor, placement)
         if "act_grad" in self._kinds and tensor.requires_grad:
             tensor.register_hook(lambda grad, name=name, placement=placement: self._on_gradient(name, grad, placement))
+
+    def _seq_shard(self, length: int) -> tuple[int, int] | None:
+        """(TP rank, TP size) when an activation of ``length`` positions is this rank's share of the sequence."""
+        tp = self._ranks.tp_size
+        if self._sequence_parallel and tp > 1 and length * tp == self._seq_length:
+            return self._ranks.tp_rank, tp
+        return None
 
     @_timed
     def _on_gradient(self, name: str, grad: torch.Tensor, placement: Placement) -> None:
@@ -330,12 +355,21 @@ class Recorder:
                 raise RuntimeError(f"site {site} first appeared after the first recorded step; "
                                    "every recorded step must see the same sites")
             stage = -self._ranks.pp_rank if kind in _BACKWARD_KINDS else self._ranks.pp_rank
-            self._local[site] = _LocalSite(kind, name, (SITE_KINDS.index(kind), stage, self._seen),
+            expert = expert_of(name)
+            # EP ranks see different experts at the same position: a layer's experts are ordered
+            # by global index from the position where the first of them was seen.
+            block = self._seen if expert is None else \
+                self._expert_blocks.setdefault((kind, name.partition(".experts.")[0]), self._seen)
+            self._local[site] = _LocalSite(kind, name, (SITE_KINDS.index(kind), stage, block, expert or 0, self._seen),
                                            placement.full_shape, str(dtype).removeprefix("torch."))
             self._seen += 1
         return site
 
     def _record(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
+        self._record_many([(kind, name, tensor, placement)])
+
+    @_timed
+    def _record_timed(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
         self._record_many([(kind, name, tensor, placement)])
 
     def _record_many(self, entries: list[tuple[str, str, torch.Tensor, Placement]]) -> None:

@@ -19,7 +19,8 @@ ACTIVATION_MODULES = re.compile(
     r"^(embedding|layers\.\d+|layers\.\d+\.(self_attention|mlp|input_layernorm|pre_mlp_layernorm)"
     r"|final_layernorm|output_layer)$")
 """Modules whose outputs (and output gradients) are recorded: the embedding, every transformer
-layer with its attention block, MLP and norms, the final norm and the output layer."""
+layer with its attention block, MLP and norms, the final norm and the output layer. A MoE
+layer's router and experts have sites of their own (``workbench.recorder.moe``)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class ParallelRanks:
     pp_rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
+    expert_tp_rank: int = 0
+    expert_tp_size: int = 1
+    expert_dp_rank: int = 0
+    """Rank among the replicas of this rank's experts (Megatron's expert-data-parallel group)."""
 
     @classmethod
     def current(cls) -> ParallelRanks:
@@ -38,7 +43,10 @@ class ParallelRanks:
             return cls()
         return cls(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
                     pp_rank=ps.get_pipeline_model_parallel_rank(), dp_rank=ps.get_data_parallel_rank(),
-                    dp_size=ps.get_data_parallel_world_size())
+                    dp_size=ps.get_data_parallel_world_size(),
+                    expert_tp_rank=ps.get_expert_tensor_parallel_rank(),
+                    expert_tp_size=ps.get_expert_tensor_parallel_world_size(),
+                    expert_dp_rank=ps.get_expert_data_parallel_rank())
 
 
 def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
@@ -55,6 +63,22 @@ def global_layers(model: torch.nn.Module) -> dict[int, int]:
     return {i: int(layer.layer_number) - 1 for i, layer in enumerate(layers)}
 
 
+def first_expert(model: torch.nn.Module) -> int:
+    """The global index of this rank's first local expert (Megatron's ``MoELayer.local_expert_indices``), 0 when
+    the model has no experts. Every MoE layer of a rank holds the same expert indices."""
+    for module in model.modules():
+        indices = getattr(module, "local_expert_indices", None)
+        if indices:
+            return int(indices[0])
+    return 0
+
+
+def is_expert_parameter(param: torch.Tensor) -> bool:
+    """True for a parameter of an expert: Megatron marks them ``allreduce = False`` (their gradients are reduced
+    over the expert-data-parallel group, not the data-parallel one)."""
+    return not getattr(param, "allreduce", True)
+
+
 @dataclass(frozen=True)
 class ParameterTarget:
     name: str
@@ -66,11 +90,15 @@ def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> li
     targets = []
     for chunk in chunks:
         model = unwrap(chunk)
-        layers = global_layers(model)
+        layers, first = global_layers(model), first_expert(model)
         for local_name, param in model.named_parameters():
-            placement = parameter_placement(param, tp_rank=ranks.tp_rank, tp_size=ranks.tp_size,
-                                            dp_rank=ranks.dp_rank)
-            targets.append(ParameterTarget(canonical_name(local_name, layers), param, placement))
+            if is_expert_parameter(param):
+                placement = parameter_placement(param, tp_rank=ranks.expert_tp_rank, tp_size=ranks.expert_tp_size,
+                                                dp_rank=ranks.expert_dp_rank)
+            else:
+                placement = parameter_placement(param, tp_rank=ranks.tp_rank, tp_size=ranks.tp_size,
+                                                dp_rank=ranks.dp_rank)
+            targets.append(ParameterTarget(canonical_name(local_name, layers, first), param, placement))
     return targets
 
 
@@ -79,9 +107,9 @@ def activation_modules(chunks: list[torch.nn.Module]) -> list[tuple[str, torch.n
     found = []
     for chunk in chunks:
         model = unwrap(chunk)
-        layers = global_layers(model)
+        layers, first = global_layers(model), first_expert(model)
         for local_name, module in model.named_modules():
-            name = canonical_name(local_name, layers) if local_name else ""
+            name = canonical_name(local_name, layers, first) if local_name else ""
             if name and ACTIVATION_MODULES.match(name):
                 found.append((name, module))
     return found

@@ -3,7 +3,8 @@
 ``checkpoints/step_<K>/`` holds the state after K updates:
 
     model_tp<T>_pp<P>.pt   parameters (canonical names, this rank's TP shard), optimizer and
-                           LR-schedule state; written by the DP-rank-0 replica of each shard
+                           LR-schedule state; written by the lowest rank of each shard's replicas
+                           (``_ep<E>`` added with experts split over EP ranks: each holds its experts)
     rank<R>.pt             RNG state of global rank R
     meta.json              step, layout, config hash; written last, after a barrier, so a
                            checkpoint without it is incomplete and never loaded
@@ -24,19 +25,35 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from workbench.errors import CheckpointError
+from workbench.recorder.targets import is_expert_parameter
 from workbench.store.layout import RunPaths
 
 
-def _model_file(directory: Path, tp_rank: int, pp_rank: int) -> Path:
-    return directory / f"model_tp{tp_rank}_pp{pp_rank}.pt"
+def _model_file(directory: Path) -> Path:
+    """This rank's model file: one per (TP rank, PP rank) and, with experts split, per EP rank."""
+    name = f"model_tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}"
+    if ps.get_expert_model_parallel_world_size() > 1:
+        name += f"_ep{ps.get_expert_model_parallel_rank()}"
+    return directory / f"{name}.pt"
+
+
+def _writes_model_file(directory: Path) -> bool:
+    """True on the lowest global rank of those sharing this rank's model file (its DP replicas)."""
+    mine = _model_file(directory).name
+    files: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(files, mine)
+    return files.index(mine) == dist.get_rank()
 
 
 def _shard_info(param: torch.Tensor) -> list[int] | None:
     """[partition dim, TP rank, TP size] of a tensor-parallel parameter, None for a replica."""
-    if not getattr(param, "tensor_model_parallel", False):
+    if is_expert_parameter(param):
+        rank, size = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
+    else:
+        rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    if not getattr(param, "tensor_model_parallel", False) or size == 1:
         return None
-    return [int(param.partition_dim), ps.get_tensor_model_parallel_rank(),  # type: ignore[attr-defined]
-            ps.get_tensor_model_parallel_world_size()]
+    return [int(param.partition_dim), rank, size]  # type: ignore[attr-defined]
 
 
 def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], optimizer: dict[str, Any],
@@ -44,7 +61,7 @@ def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], 
     directory = paths.checkpoint(step)
     directory.mkdir(parents=True, exist_ok=True)
     rank = dist.get_rank()
-    if ps.get_data_parallel_rank() == 0:
+    if _writes_model_file(directory):
         state = {
             "step": step,
             "params": {name: p.detach().cpu().clone() for name, p in params},
@@ -52,8 +69,7 @@ def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], 
             "optimizer": optimizer,
             "scheduler": scheduler,
         }
-        _atomic_save(state, _model_file(directory, ps.get_tensor_model_parallel_rank(),
-                                        ps.get_pipeline_model_parallel_rank()))
+        _atomic_save(state, _model_file(directory))
     _atomic_save({"rng": torch.get_rng_state()}, directory / f"rank{rank}.pt")
     dist.barrier()
     if rank == 0:
@@ -83,8 +99,7 @@ def read_meta(paths: RunPaths, step: int) -> dict[str, Any]:
 def load(paths: RunPaths, step: int) -> dict[str, Any]:
     """This rank's model/optimizer state at ``step``; restores the rank's RNG state too."""
     directory = paths.checkpoint(step)
-    state = torch.load(_model_file(directory, ps.get_tensor_model_parallel_rank(),
-                                   ps.get_pipeline_model_parallel_rank()), weights_only=True)
+    state = torch.load(_model_file(directory), weights_only=True)
     rng = torch.load(directory / f"rank{dist.get_rank()}.pt", weights_only=True)
     torch.set_rng_state(rng["rng"])
     return state
@@ -96,17 +111,17 @@ def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
     files = sorted(directory.glob("model_tp*_pp*.pt"))
     if not files or not (directory / "meta.json").is_file():
         raise CheckpointError(f"{directory}: not a complete checkpoint")
-    shards: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    shards: dict[str, dict[int, torch.Tensor]] = {}  # name -> TP rank -> shard (EP files repeat dense ones)
     dims: dict[str, int | None] = {}
     for file in files:
         state = torch.load(file, weights_only=True)
         for name, tensor in state["params"].items():
             info = state["shards"][name]
             dims[name] = None if info is None else info[0]
-            shards.setdefault(name, []).append((0 if info is None else info[1], tensor))
+            shards.setdefault(name, {}).setdefault(0 if info is None else info[1], tensor)
     full = {}
     for name, parts in shards.items():
-        parts.sort(key=lambda part: part[0])
         dim = dims[name]
-        full[name] = parts[0][1] if dim is None else torch.cat([t for _, t in parts], dim=dim)
+        ordered = [parts[rank] for rank in sorted(parts)]
+        full[name] = ordered[0] if dim is None else torch.cat(ordered, dim=dim)
     return full

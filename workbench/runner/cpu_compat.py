@@ -79,6 +79,13 @@ def install() -> None:
     mcore_random._get_cuda_rng_state = _cpu_rng_state
     mcore_random._set_cuda_rng_state = _set_cpu_rng_state
 
+    # moe_utils imports te_general_gemm inside a try that fails without Transformer Engine and
+    # then reads the name anyway (RouterGatingLinearFunction): None is its "not available".
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
     _installed = _CudaToCpuMode()
     _installed.__enter__()
 

@@ -24,9 +24,8 @@ import torch.distributed as dist
 
 from workbench.config import FaultConfig, FaultKind
 from workbench.errors import ConfigError
-from workbench.recorder.targets import unwrap
 from workbench.runner.model import BuiltModel
-from workbench.sites import canonical_name, split_site
+from workbench.sites import split_site
 
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -73,9 +72,8 @@ class FaultInjector:
             self._wrap_gradient(model, name)
 
     def _wrap_module(self, model: BuiltModel, name: str) -> None:
-        gpt = unwrap(model.gpt)
-        for local_name, module in gpt.named_modules():
-            if local_name and canonical_name(local_name, model.global_layer) == name:
+        for module_name, module in model.named_modules():
+            if module_name == name:
                 original = module.forward
 
                 def forward(module_self: torch.nn.Module, *args: Any, _original: Callable[..., Any] = original,
@@ -107,7 +105,7 @@ class FaultInjector:
         if self.fault.kind is FaultKind.BITFLIP and self.fault.index >= grad.numel():
             raise ConfigError(f"fault.index = {self.fault.index} is outside {self.fault.site} "
                               f"({grad.numel()} elements on this rank)")
-        config = model.ddp.config
+        config = model.config
         original = config.finalize_model_grads_func
 
         def finalize(*args: Any, **kwargs: Any) -> Any:
@@ -127,7 +125,7 @@ def attach(fault: FaultConfig, model: BuiltModel, *, dp_rank: int,
     if fault.kind is FaultKind.NONE:
         return None
     injector = FaultInjector(fault, model, dp_rank=dp_rank, compute_dtype=compute_dtype)
-    device = next(model.gpt.parameters()).device
+    device = next(model.gpts[0].parameters()).device
     holders = torch.tensor([1 if injector.present else 0], device=device)
     if dist.is_initialized():
         dist.all_reduce(holders)

@@ -6,14 +6,23 @@ Engine spec for fp8), wrapped in ``Float16Module`` for bf16/fp16 and in Megatron
 from an RNG stream whose position depends on which layers a pipeline stage builds, so
 its values are replaced: every parameter is drawn in full from a generator seeded by
 ``(seed, canonical name)`` and this rank keeps its tensor-parallel shard. A TP=2, PP=2 or
-DP=2 run therefore starts bitwise identical to the TP=1 PP=1 DP=1 run.
+DP=2 run therefore starts bitwise identical to the TP=1 PP=1 DP=1 run; so does an EP=2 run,
+whose experts are named (and so drawn) by their global index.
+
+A MoE model (``model.num_experts``) uses Megatron's ``MoELayer`` from the local spec: the
+top-k router with the load-balancing aux loss, the ``allgather`` token dispatcher (the
+``alltoall`` one builds a ``torch.cuda.Stream``), ``SequentialMLP`` experts (grouped GEMMs
+need Transformer Engine or grouped_gemm), experts not split over TP (expert TP size 1) and
+no linear biases (Megatron refuses expert biases in some TP/EP combinations).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from megatron.core import parallel_state as ps
@@ -26,22 +35,34 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from workbench import determinism
 from workbench.config import Precision, RunConfig
 from workbench.errors import UnsupportedError
+from workbench.recorder.targets import first_expert, is_expert_parameter
 from workbench.sites import canonical_name
 
 
 @dataclass
 class BuiltModel:
-    ddp: DistributedDataParallel
-    """The model chunk handed to the schedules and the optimizer."""
-    gpt: GPTModel
-    """The unwrapped model (for hooks and names)."""
+    chunks: list[DistributedDataParallel]
+    """The model chunks handed to the schedules and the optimizer: one, or one per virtual pipeline stage."""
+    gpts: list[GPTModel]
+    """The unwrapped chunks (for hooks and names)."""
     config: TransformerConfig
-    global_layer: dict[int, int]
-    """Local layer index on this stage -> global layer number (0-based)."""
+    global_layers: list[dict[int, int]]
+    """Per chunk: local layer index -> global layer number (0-based)."""
+    first_expert: int = 0
+    """Global index of this rank's first local expert (0 without experts)."""
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(canonical name, parameter) for every parameter this rank holds, in model order."""
-        return [(canonical_name(n, self.global_layer), p) for n, p in self.gpt.named_parameters()]
+        return [(canonical_name(n, layers, self.first_expert), p) for gpt, layers in zip(self.gpts, self.global_layers)
+                for n, p in gpt.named_parameters()]
+
+    def named_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """(canonical name, module) for every named module of every chunk."""
+        return [(canonical_name(n, layers, self.first_expert), m) for gpt, layers in zip(self.gpts, self.global_layers)
+                for n, m in gpt.named_modules() if n]
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [m for gpt in self.gpts for m in gpt.modules()]
 
 
 def compute_dtype(precision: Precision) -> torch.dtype:
@@ -67,57 +88,114 @@ def check_precision_supported(precision: Precision, on_gpu: bool) -> None:
 
 def transformer_config(cfg: RunConfig, on_gpu: bool) -> TransformerConfig:
     m, dtype = cfg.model, compute_dtype(cfg.precision)
+    if m.is_moe and cfg.precision is Precision.FP8:
+        raise UnsupportedError("a MoE model in fp8 is not supported by the runner (use fp32, bf16 or fp16)")
     cpu_flags = {} if on_gpu else {
         "use_cpu_initialization": True, "gradient_accumulation_fusion": False,
         "bias_activation_fusion": False, "masked_softmax_fusion": False, "persist_layer_norm": False,
         "bias_dropout_fusion": False, "apply_rope_fusion": False,
+        # gloo pairs a rank's sends to one peer in the order they are posted; the batched p2p
+        # posts a 2-rank ring's forward activation and backward gradient in opposite orders on
+        # the two ranks (interleaved schedule), so each would receive the other. Megatron's
+        # unbatched even/odd ordering pairs them correctly.
+        "batch_p2p_comm": False,
     }
     fp8_flags = {"fp8": "hybrid"} if cfg.precision is Precision.FP8 else {}
+    moe_flags = {} if not m.is_moe else {
+        "num_moe_experts": m.num_experts, "moe_router_topk": m.moe_topk, "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": "aux_loss" if m.moe_aux_loss_coeff > 0 else "none",
+        "moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
+        "expert_model_parallel_size": cfg.layout.ep, "expert_tensor_parallel_size": 1, "add_bias_linear": False,
+    }
     return TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
         ffn_hidden_size=m.ffn_size, init_method_std=m.init_std,
         tensor_model_parallel_size=cfg.layout.tp, pipeline_model_parallel_size=cfg.layout.pp,
+        virtual_pipeline_model_parallel_size=cfg.layout.vp if cfg.layout.vp > 1 else None,
+        sequence_parallel=cfg.layout.sp,
         params_dtype=torch.float32, pipeline_dtype=dtype,
         bf16=cfg.precision in (Precision.BF16, Precision.FP8), fp16=cfg.precision is Precision.FP16,
         hidden_dropout=0.0, attention_dropout=0.0,
         # Megatron initialises (and only then marks tensor-parallel attributes on the weights);
         # initialize_parameters then overwrites every value layout-independently.
         perform_initialization=True,
-        **cpu_flags, **fp8_flags,
+        **cpu_flags, **fp8_flags, **moe_flags,
         **determinism.transformer_config_flags(cfg.deterministic, cfg.source_states(on_gpu=on_gpu)),
     )
 
 
-def layer_spec(cfg: RunConfig):  # type: ignore[no-untyped-def]
+class SequenceParallelNorm:
+    """Megatron's torch norm (``WrappedTorchNorm``) without its refusal of sequence parallelism.
+
+    With sequence parallelism each TP rank normalises its share of the sequence, so a norm's
+    weight gradient is a partial sum: marking the parameters ``sequence_parallel`` makes
+    Megatron's ``finalize_model_grads`` all-reduce them over the TP group, as it does for the
+    Transformer Engine and Apex norms.
+    """
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,  # type: ignore[misc]
+                **_unused: Any) -> torch.nn.Module:
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in norms:
+            raise UnsupportedError(f"normalization {config.normalization!r} with sequence parallelism")
+        norm = norms[config.normalization](hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        return norm
+
+
+def layer_spec(cfg: RunConfig, tconfig: TransformerConfig, vp_stage: int | None = None):  # type: ignore[no-untyped-def]
+    """The layer spec (or, with sequence parallelism, the block spec with its final norm) of this stage."""
+    experts = cfg.model.num_experts or None
     if cfg.precision is Precision.FP8:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec()
+        return get_gpt_layer_with_transformer_engine_spec(num_experts=experts, moe_grouped_gemm=False)
+    spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False)
+    if not cfg.layout.sp:
+        return spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    spec = dataclasses.replace(spec, submodules=dataclasses.replace(
+        spec.submodules, input_layernorm=SequenceParallelNorm, pre_mlp_layernorm=SequenceParallelNorm))
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(tconfig, vp_stage=vp_stage),
+                                      layer_norm=SequenceParallelNorm)
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BuiltModel:
     on_gpu = device.type == "cuda"
     check_precision_supported(cfg.precision, on_gpu)
     tconfig = transformer_config(cfg, on_gpu)
-    gpt = GPTModel(
-        config=tconfig, transformer_layer_spec=layer_spec(cfg), vocab_size=cfg.model.vocab_size,
-        max_sequence_length=cfg.model.seq_length, pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
-        position_embedding_type=cfg.model.position_embedding.value,
-    )
-    if on_gpu:
-        gpt.cuda(device)
-    global_layer = {i: layer.layer_number - 1 for i, layer in enumerate(gpt.decoder.layers)}
-    initialize_parameters(gpt, cfg, global_layer)
-    module: torch.nn.Module = gpt
-    if cfg.precision is not Precision.FP32:
-        module = Float16Module(tconfig, gpt)
+    vp = cfg.layout.vp
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
-    ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
+    chunks: list[DistributedDataParallel] = []
+    gpts: list[GPTModel] = []
+    layers: list[dict[int, int]] = []
+    for stage in range(vp) if vp > 1 else [None]:  # Megatron's model chunks: one per virtual stage
+        gpt = GPTModel(
+            config=tconfig, transformer_layer_spec=layer_spec(cfg, tconfig, stage), vocab_size=cfg.model.vocab_size,
+            max_sequence_length=cfg.model.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            share_embeddings_and_output_weights=False, position_embedding_type=cfg.model.position_embedding.value,
+            **({} if stage is None else {"vp_stage": stage}),
+        )
+        if on_gpu:
+            gpt.cuda(device)
+        global_layer = {i: layer.layer_number - 1 for i, layer in enumerate(gpt.decoder.layers)}
+        first = first_expert(gpt)
+        initialize_parameters(gpt, cfg, global_layer, first)
+        module: torch.nn.Module = gpt
+        if cfg.precision is not Precision.FP32:
+            module = Float16Module(tconfig, gpt)
+        # As Megatron's training loop: only the first chunk's grad buffer is split into buckets.
+        chunks.append(DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module,
+                                              disable_bucketing=len(chunks) > 0))
+        gpts.append(gpt)
+        layers.append(global_layer)
     tconfig.finalize_model_grads_func = finalize_model_grads
-    return BuiltModel(ddp=ddp, gpt=gpt, config=tconfig, global_layer=global_layer)
+    return BuiltModel(chunks=chunks, gpts=gpts, config=tconfig, global_layers=layers, first_expert=first)
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -127,7 +205,7 @@ def parameter_seed(seed: int, name: str) -> int:
 
 def full_shape(param: torch.Tensor, tp_size: int) -> list[int]:
     shape = list(param.shape)
-    if getattr(param, "tensor_model_parallel", False):
+    if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
         shape[param.partition_dim] *= tp_size  # type: ignore[attr-defined]
     return shape
 
@@ -148,13 +226,17 @@ def initial_value(name: str, shape: list[int], *, seed: int, std: float, num_lay
 
 
 @torch.no_grad()
-def initialize_parameters(gpt: torch.nn.Module, cfg: RunConfig, global_layer: dict[int, int]) -> None:
-    tp_size, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+def initialize_parameters(gpt: torch.nn.Module, cfg: RunConfig, global_layer: dict[int, int],
+                          first: int = 0) -> None:
     for local_name, param in gpt.named_parameters():
-        name = canonical_name(local_name, global_layer)
+        if is_expert_parameter(param):  # split over the expert-tensor-parallel group (size 1 in this runner)
+            tp_size, tp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
+        else:
+            tp_size, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        name = canonical_name(local_name, global_layer, first)
         full = initial_value(name, full_shape(param, tp_size), seed=cfg.seed, std=cfg.model.init_std,
                              num_layers=cfg.model.num_layers)
-        if getattr(param, "tensor_model_parallel", False):
+        if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
             assert getattr(param, "partition_stride", 1) == 1, f"{name}: strided partitions are not supported"
             full = full.chunk(tp_size, dim=param.partition_dim)[tp_rank]  # type: ignore[attr-defined]
         param.copy_(full)

@@ -11,8 +11,9 @@ and, through training, everywhere. The manifest lists what was emulated (``EMULA
 The other sources change an accumulation order in the same way (``install`` puts on the ones
 a run has on): the attention backward (dQ summed over key blocks, dK and dV over query
 blocks), split-K GEMMs (the MLP's first GEMM as K-chunks), and the data-parallel gradient
-all-reduce (the ranks' contributions). Each sums three or more partial results in an order
-drawn from ``os.urandom``: with two, a + b = b + a exactly and nothing would change.
+all-reduce (the ranks' contributions) and, in a MoE layer, the unpermute that adds the expert
+outputs back into token order. Each sums three or more partial results in an order drawn
+from ``os.urandom``: with two, a + b = b + a exactly and nothing would change.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel.mappings import (
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 
 EMULATED = ["embedding.word_embeddings.weight: weight-gradient rows accumulated in a random order "
             "(index_add_ over a permutation seeded from os.urandom), standing in for GPU atomics"]
@@ -53,8 +57,8 @@ class _PermutedEmbedding(torch.autograd.Function):
 
 
 def _forward(self: VocabParallelEmbedding, input_: torch.Tensor) -> torch.Tensor:
-    # Megatron's VocabParallelEmbedding.forward (0.16.1) without sequence parallelism,
-    # with F.embedding replaced by the permuted-accumulation embedding.
+    # Megatron's VocabParallelEmbedding.forward (0.16.1) with F.embedding replaced by the
+    # permuted-accumulation embedding.
     if self.tp_group.size() > 1:
         input_mask = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
         masked_input = input_.clone() - self.vocab_start_index
@@ -64,6 +68,9 @@ def _forward(self: VocabParallelEmbedding, input_: torch.Tensor) -> torch.Tensor
     output_parallel = _PermutedEmbedding.apply(masked_input, self.weight)
     if self.tp_group.size() > 1:
         output_parallel[input_mask, :] = 0.0
+    if self.reduce_scatter_embeddings:  # sequence parallelism: [b, s, h] -> [s, b, h], scattered over TP
+        output_parallel = output_parallel.transpose(0, 1).contiguous()
+        return reduce_scatter_to_sequence_parallel_region(output_parallel, group=self.tp_group)
     return reduce_from_tensor_model_parallel_region(output_parallel, group=self.tp_group)
 
 
@@ -72,8 +79,6 @@ def emulate_atomics(model: torch.nn.Module) -> list[str]:
     found = []
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):
-            if module.reduce_scatter_embeddings:
-                raise ValueError("emulated nondeterminism does not support sequence parallelism")
             module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             found.append(module)
     return EMULATED if found else []
@@ -219,6 +224,34 @@ def _emulated_grad_sync(self: Any, force_all_reduce: bool | None = False) -> Non
     self.grad_reduce_handle = None
 
 
+def _shuffled_unpermute(permuted: torch.Tensor, sorted_indices: torch.Tensor,
+                        restore_shape: torch.Size) -> torch.Tensor:
+    """Megatron's ``unpermute`` without probabilities (the allgather dispatcher's combine): each expert output
+    row added into its token's row, the rows taken in a random order as GPU atomics would."""
+    order = _random_order(sorted_indices.numel()).to(sorted_indices.device)
+    output = torch.zeros(restore_shape, dtype=permuted.dtype, device=permuted.device)
+    return output.index_add(0, sorted_indices[order], permuted[order])
+
+
+def _combine_preprocess(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    # MoEAllGatherTokenDispatcher.combine_preprocess (0.16.1), its unpermute in a random order.
+    return _shuffled_unpermute(hidden_states, self.reversed_local_input_permutation_mapping,
+                               self.hidden_shape_before_permute)
+
+
+def emulate_token_combine(model: torch.nn.Module) -> int:
+    """Make every MoE layer's token combine accumulate in a random order; the number of layers changed."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+    dispatchers: list[Any] = [m.token_dispatcher for m in model.modules()
+                   if isinstance(getattr(m, "token_dispatcher", None), MoEAllGatherTokenDispatcher)]
+    for dispatcher in dispatchers:
+        if dispatcher.config.moe_permute_fusion:
+            raise ValueError("the emulated token combine replaces the unfused unpermute (moe_permute_fusion off)")
+        dispatcher.combine_preprocess = types.MethodType(_combine_preprocess, dispatcher)
+    return len(dispatchers)
+
+
 def install(built: Any, states: Mapping[str, Any]) -> list[str]:
     """Put on the CPU emulations of the sources that are on in ``states`` (``workbench.determinism.resolve``)
     in ``built`` (``workbench.runner.model.BuiltModel``); what each does, for the manifest."""
@@ -227,11 +260,11 @@ def install(built: Any, states: Mapping[str, Any]) -> list[str]:
     on = {name for name, state in states.items() if state is SourceState.ON}
     done: list[str] = []
     if "embedding_atomics" in on:
-        done += emulate_atomics(built.gpt)
+        done += emulate_atomics(torch.nn.ModuleList(built.gpts))
     if "splitk_gemm" in on:
         from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
-        linears = [m for n, m in built.gpt.named_modules() if n.endswith("mlp.linear_fc1")
+        linears = [m for n, m in built.named_modules() if n.endswith("mlp.linear_fc1")
                    and isinstance(m, ColumnParallelLinear)]
         for linear in linears:
             if linear.sequence_parallel:
@@ -241,19 +274,23 @@ def install(built: Any, states: Mapping[str, Any]) -> list[str]:
     if "attention_backward" in on:
         from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-        cores = [m for m in built.gpt.modules() if isinstance(m, DotProductAttention)]
+        cores = [m for m in built.modules() if isinstance(m, DotProductAttention)]
         for core in cores:
             _check_attention(core)
             core.register_forward_hook(_attention_hook, with_kwargs=True)
         done += [f"{SOURCES['attention_backward'].cpu} ({len(cores)} layers)"] if cores else []
     if "dp_allreduce" in on:
-        groups = built.ddp.bucket_groups + built.ddp.expert_parallel_bucket_groups
+        groups = [g for chunk in built.chunks for g in chunk.bucket_groups + chunk.expert_parallel_bucket_groups]
         for group in groups:
             if group.ddp_config.use_distributed_optimizer or group.ddp_config.overlap_grad_reduce:
                 raise ValueError("the emulated all-reduce needs overlap_grad_reduce and the distributed optimizer off")
             group.start_grad_sync = types.MethodType(_emulated_grad_sync, group)
         done += [str(SOURCES["dp_allreduce"].cpu)] if groups else []
-    missing = sorted(on - {"embedding_atomics", "splitk_gemm", "attention_backward", "dp_allreduce"})
+    if "moe_token_combine" in on:
+        layers = sum(emulate_token_combine(gpt) for gpt in built.gpts)
+        done += [f"{SOURCES['moe_token_combine'].cpu} ({layers} layers)"] if layers else []
+    missing = sorted(on - {"embedding_atomics", "splitk_gemm", "attention_backward", "dp_allreduce",
+                           "moe_token_combine"})
     if missing:
         raise ValueError(f"no CPU emulation of {', '.join(missing)}")
     return done

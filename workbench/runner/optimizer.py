@@ -21,6 +21,7 @@ from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from workbench.config import OptimConfig, Precision, RunConfig
+from workbench.recorder.targets import is_expert_parameter
 from workbench.runner.model import BuiltModel
 
 
@@ -54,6 +55,7 @@ class MasterWeightAdamW:
              {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0}],
             lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, foreach=False)
         self._clip = optim.clip_grad
+        self._has_experts = any(is_expert_parameter(p) for p in self._params)
         self._scaler = (DynamicGradScaler(initial_scale=optim.initial_loss_scale, min_scale=1.0,
                                           growth_factor=2.0, backoff_factor=0.5,
                                           growth_interval=optim.loss_scale_window, hysteresis=2)
@@ -77,16 +79,13 @@ class MasterWeightAdamW:
             inv = 1.0 / self.loss_scale()
             grads = [g * inv for g in grads]
             found = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))])
-            dist.all_reduce(found, op=dist.ReduceOp.MAX, group=ps.get_model_parallel_group())
+            # with experts, an overflow in one expert-parallel rank's experts must skip the step everywhere
+            dist.all_reduce(found, op=dist.ReduceOp.MAX,
+                            group=None if self._has_experts else ps.get_model_parallel_group())
             self._scaler.update(bool(found.item()))
             if found.item():
                 return False, math.nan
-        squares = torch.zeros((), dtype=torch.float64)
-        for param, grad in zip(self._params, grads):
-            if not _is_duplicate(param):
-                squares += grad.double().square().sum()
-        dist.all_reduce(squares, group=ps.get_model_parallel_group())
-        norm = float(squares.sqrt())
+        norm = self._global_norm(grads)
         coeff = self._clip / (norm + 1.0e-6)  # Megatron's clip_grad_by_total_norm_fp32
         for master, grad in zip(self._masters, grads):
             master.grad = grad * coeff if self._clip > 0 and coeff < 1.0 else grad
@@ -96,6 +95,22 @@ class MasterWeightAdamW:
             if param is not master:
                 param.copy_(master)
         return True, norm
+
+    def _global_norm(self, grads: list[torch.Tensor]) -> float:
+        """The L2 norm of the whole model's gradient: dense parameters summed over the model-parallel group,
+        experts (each held by one rank of an expert-parallel group) over the expert model-parallel group."""
+        dense = torch.zeros((), dtype=torch.float64)
+        experts = torch.zeros((), dtype=torch.float64)
+        for param, grad in zip(self._params, grads):
+            if is_expert_parameter(param):  # expert TP size is 1 in this runner: no replicas to skip
+                experts += grad.double().square().sum()
+            elif not _is_duplicate(param):
+                dense += grad.double().square().sum()
+        dist.all_reduce(dense, group=ps.get_model_parallel_group())
+        if self._has_experts:
+            dist.all_reduce(experts, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+            dense += experts
+        return float(dense.sqrt())
 
     def moments(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         """(canonical name, exp_avg, exp_avg_sq) of every parameter that has AdamW state."""
@@ -140,7 +155,7 @@ class MegatronOptimizerAdapter:
             bf16=cfg.precision in (Precision.BF16, Precision.FP8), fp16=cfg.precision is Precision.FP16,
             initial_loss_scale=o.initial_loss_scale, loss_scale_window=o.loss_scale_window, hysteresis=2,
             use_distributed_optimizer=False)
-        self._inner = get_megatron_optimizer(config, [model.ddp])
+        self._inner = get_megatron_optimizer(config, model.chunks)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from workbench.recorder.targets import global_layers, unwrap
+from workbench.recorder.targets import first_expert, global_layers, unwrap
 from workbench.sites import canonical_name
 
 SCOPE_KEY = "workbench_scope"
@@ -140,9 +140,9 @@ class OpTracer(TorchDispatchMode):
         self._names: dict[int, str] = {}
         for chunk in chunks:
             model = unwrap(chunk)
-            layers = global_layers(model)
+            layers, first = global_layers(model), first_expert(model)
             for local_name, module in model.named_modules():
-                self._names[id(module)] = canonical_name(local_name, layers) if local_name else "model"
+                self._names[id(module)] = canonical_name(local_name, layers, first) if local_name else "model"
         self._scopes: list[str] = []
         self._microbatch = -1
         self._occurrence: Counter[tuple[str, str, str]] = Counter()  # (phase, scope, op)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import math
 import os
 import threading
@@ -78,7 +79,7 @@ class Trainer:
         # An explicit causal mask (True = masked): Megatron's default one is built on "cuda".
         self.attention_mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)[None, None]
         self.recorder = Recorder(
-            [self.model.ddp], run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
+            self.model.chunks, run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
             precision=cfg.precision.value, global_batch_size=cfg.global_batch_size,
             flush_every=cfg.flush_every) if cfg.record.enabled else None
 
@@ -90,6 +91,12 @@ class Trainer:
                                                dp_rank=self.dp_rank):
             yield int(indices[0]) - step * cfg.global_batch_size, \
                 torch.from_numpy(self.corpus.samples(indices)).to(self.device)
+
+    def _data_iterators(self, batches: Iterator[Any]) -> Any:
+        """The schedule's data iterator: with virtual stages one per model chunk, each over the same batches."""
+        if len(self.model.chunks) == 1:
+            return batches
+        return list(itertools.tee(batches, len(self.model.chunks)))
 
     def _forward_step(self, data_iterator: Iterator[tuple[int, torch.Tensor]], model: torch.nn.Module):  # type: ignore[no-untyped-def]
         first_sample, tokens = next(data_iterator)
@@ -104,15 +111,16 @@ class Trainer:
         start = time.perf_counter()
         if self.fault is not None:
             self.fault.step = step
-        self.model.ddp.zero_grad_buffer()
+        for chunk in self.model.chunks:
+            chunk.zero_grad_buffer()
         if self.recorder is not None:
             self.recorder.step_begin(step)
         self.scheduler.step(1)
         lr = float(self.optimizer.param_groups[0]["lr"])
         loss_scale = self.optimizer.loss_scale()
         losses = self.forward_backward(
-            forward_step_func=self._forward_step, data_iterator=self._microbatches(step),
-            model=[self.model.ddp], num_microbatches=cfg.num_microbatches, seq_length=cfg.model.seq_length,
+            forward_step_func=self._forward_step, data_iterator=self._data_iterators(self._microbatches(step)),
+            model=self.model.chunks, num_microbatches=cfg.num_microbatches, seq_length=cfg.model.seq_length,
             micro_batch_size=cfg.micro_batch_size, forward_only=False)
         updated, grad_norm = self.optimizer.step()
         recorder_time = self.recorder.step_end(step) if self.recorder is not None else 0.0
@@ -138,14 +146,17 @@ class Trainer:
             return model(inputs, self.position_ids, self.attention_mask, labels=labels), \
                 partial(_mean_loss, labels.numel())
 
-        self.model.ddp.eval()
+        for chunk in self.model.chunks:
+            chunk.eval()
         try:
             losses = self.forward_backward(
-                forward_step_func=forward_step, data_iterator=iter(batches), model=[self.model.ddp],
+                forward_step_func=forward_step, data_iterator=self._data_iterators(iter(batches)),
+                model=self.model.chunks,
                 num_microbatches=len(batches), seq_length=cfg.model.seq_length,
                 micro_batch_size=cfg.micro_batch_size, forward_only=True)
         finally:
-            self.model.ddp.train()
+            for chunk in self.model.chunks:
+                chunk.train()
         return self._global_loss(losses)
 
     def _global_loss(self, losses: list[dict[str, torch.Tensor]]) -> float:
@@ -208,7 +219,7 @@ def _exit_when_orphaned(poll_s: float = 1.0) -> None:
 def _traced_step(trainer: Trainer, step: int, paths: layout.RunPaths, rank: int) -> dict[str, float]:
     from workbench.runner.optrace import OpTracer
 
-    with OpTracer([trainer.model.ddp], rank=rank, tp_rank=trainer.tp_rank) as tracer:
+    with OpTracer(trainer.model.chunks, rank=rank, tp_rank=trainer.tp_rank) as tracer:
         row = trainer.train_step(step)
     if trainer.dp_rank == 0:
         tracer.write(paths.op_trace(step, rank))
@@ -236,7 +247,10 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(minutes=10))
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.layout.tp,
-                                 pipeline_model_parallel_size=cfg.layout.pp)
+                                 pipeline_model_parallel_size=cfg.layout.pp,
+                                 virtual_pipeline_model_parallel_size=cfg.layout.vp if cfg.layout.vp > 1 else None,
+                                 expert_model_parallel_size=cfg.layout.ep,
+                                 expert_tensor_parallel_size=1 if cfg.model.is_moe else None)
     model_parallel_cuda_manual_seed(cfg.seed)
     trainer = Trainer(cfg, device, run_dir)
 

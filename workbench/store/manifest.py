@@ -37,15 +37,23 @@ class ModelSignature:
     seq_length: int
     parameters: int | None = None
     """Parameter count of the full model, where the producer knew it."""
+    num_experts: int | None = None
+    """Experts per MoE layer; None for a dense model."""
+    moe_topk: int | None = None
+    """Experts each token is routed to (MoE only)."""
 
     def summary(self) -> str:
-        return f"L{self.num_layers} H{self.hidden_size}"
+        moe = f" E{self.num_experts}top{self.moe_topk}" if self.num_experts else ""
+        return f"L{self.num_layers} H{self.hidden_size}{moe}"
 
     def shape(self) -> dict[str, int]:
         """The fields two comparable runs share (the parameter count follows from them)."""
-        return {"num_layers": self.num_layers, "hidden_size": self.hidden_size,
-                "num_attention_heads": self.num_attention_heads, "vocab_size": self.vocab_size,
-                "seq_length": self.seq_length}
+        shape = {"num_layers": self.num_layers, "hidden_size": self.hidden_size,
+                 "num_attention_heads": self.num_attention_heads, "vocab_size": self.vocab_size,
+                 "seq_length": self.seq_length}
+        if self.num_experts:  # a dense model's signature stays what it was before experts existed
+            shape.update(num_experts=self.num_experts, moe_topk=self.moe_topk or 0)
+        return shape
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +140,11 @@ def _model(value: Any, source: str) -> ModelSignature | None:
                                 "belongs")
     fields = {n: _require(value, n, int, f"{source} (model)") for n in
               ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")}
-    return ModelSignature(**fields, parameters=_require(value, "parameters", int, f"{source} (model)", optional=True))
+    extra = {n: _require(value, n, int, f"{source} (model)", optional=True)
+             for n in ("parameters", "num_experts", "moe_topk")}
+    if not extra["num_experts"]:  # a dense model (a runner config says num_experts = 0)
+        extra.update(num_experts=None, moe_topk=None)
+    return ModelSignature(**fields, **extra)
 
 
 def parse_layout(value: Any, source: str) -> ParallelLayout:
