@@ -1,6 +1,6 @@
 """The ``workbench`` command: thin verbs over the library.
 
-    workbench run CONFIG.toml [--out DIR] [--resume] [--stop-after K] [--overwrite]
+    workbench run CONFIG.toml [--out DIR] [--resume | --start-from CHECKPOINT] [--stop-after K] [--overwrite]
     workbench sweep STUDY.toml [--out DIR]
     workbench demo [--out DIR]
     workbench ls DIR
@@ -9,7 +9,7 @@
     workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
     workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
     workbench figure heatmap|sweep|trajectories|sources RUNS... -o FILE.pdf [--size column|page] [--data FILE.csv]
-    workbench resume-check RESUMED REFERENCE [--from-step K]
+    workbench resume-check RESUMED REFERENCE [--from-step K] [--floor RUN]
     workbench report RUNS... -o report.html [--format html|pdf]
     workbench import-te LOG... --out DIR [--name NAME]
     workbench import-megatron LOGDIR --out DIR [--name NAME] [--tokens-per-step T]
@@ -66,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     printer(f"{cfg.name}: {cfg.summary()} -> {run_dir}", final=True)
     launch(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, overwrite=args.overwrite,
-           progress=lambda line: printer(f"{cfg.name}: {line}"))
+           progress=lambda line: printer(f"{cfg.name}: {line}"), start_from=args.start_from)
     printer(f"{cfg.name}: done in {time.monotonic() - start:.1f} s; open it with "
             f"workbench.open_run({str(run_dir)!r})", final=True)
     return 0
@@ -296,10 +296,17 @@ def _cmd_resume_check(args: argparse.Namespace) -> int:
     from workbench.analysis.resume import resume_check
     from workbench.store.reader import open_run
 
-    check = resume_check(open_run(args.resumed).records(), open_run(args.reference).records(),
-                         from_step=args.from_step)
+    resumed = open_run(args.resumed)
+    floor = args.floor
+    started = resumed.manifest.get("started_from")
+    if floor is None and isinstance(started, dict) and Path(str(started.get("run"))).is_dir():
+        floor = Path(str(started["run"]))  # the run that wrote the checkpoint, at the other layout
+        if floor.resolve() == open_run(args.reference).path.resolve():
+            floor = None  # checked against the run it started from: no distance to measure a floor by
+    check = resume_check(resumed.records(), open_run(args.reference).records(), from_step=args.from_step,
+                         floor=open_run(floor).records() if floor is not None else None)
     print(check.summary())
-    return 0 if check.identical else 1
+    return 0 if (check.within_floor if check.floor is not None else check.identical) else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -388,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     run.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K steps (to resume later)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
+    run.add_argument("--start-from", type=Path, default=None, metavar="CHECKPOINT",
+                     help="start at another layout's checkpoint (RUN/checkpoints/step_K, or a run folder: its "
+                          "latest) of the same config, resharded to this run's layout")
     run.set_defaults(func=_cmd_run)
 
     sweep = verbs.add_parser("sweep", help="run every config of a study (skips complete runs)")
@@ -447,11 +457,16 @@ def build_parser() -> argparse.ArgumentParser:
     figure.set_defaults(func=_cmd_figure)
 
     resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
-                              "resume step on (exit 1 if it differs)")
+                              "resume step on (exit 1 if it differs, or, started at another layout, if it leaves "
+                              "the noise floor)")
     resume.add_argument("resumed", type=Path)
     resume.add_argument("reference", type=Path, help="the uninterrupted run")
     resume.add_argument("--from-step", type=int, default=None, metavar="K",
                         help="check from step K (default: the step the run was resumed from)")
+    resume.add_argument("--floor", type=Path, default=None, metavar="RUN",
+                        help="the noise floor's run: a run started at another layout is held to this run's distance "
+                             "to the reference (default: the run whose checkpoint it started from); with a floor "
+                             "the exit code is 1 only above it")
     resume.set_defaults(func=_cmd_resume_check)
 
     report = verbs.add_parser("report", help="write a self-contained report (figures, findings, manifests)")

@@ -471,13 +471,15 @@ class RunConfig:
             node[leaf] = value
         return RunConfig.from_dict(data, source=source)
 
-    def numerics_hash(self, *, seed: bool = True) -> str:
+    def numerics_hash(self, *, seed: bool = True, layout: bool = True) -> str:
         """Hash of everything that shapes the numbers (the name excluded): equal configs, equal hash.
-        Without ``seed``: equal for runs that differ only in their initialisation seed."""
+        Without ``seed``: equal for runs that differ only in their initialisation seed; without ``layout``,
+        for runs that differ only in how the work is split (the same model and training)."""
         data = self.to_dict()
         data.pop("name")
         if not seed:
             data.pop("seed")
+        layout_fields = data.pop("layout")
         data.pop("flush_every")
         data.pop("checkpoint_every")
         data.pop("record")
@@ -489,11 +491,13 @@ class RunConfig:
             for key in ("num_experts", "moe_topk", "moe_aux_loss_coeff"):
                 data["model"].pop(key)
         if self.layout.ep == 1:
-            data["layout"].pop("ep")
+            layout_fields.pop("ep")
         if not self.layout.sp:
-            data["layout"].pop("sp")
+            layout_fields.pop("sp")
         if self.layout.vp == 1:
-            data["layout"].pop("vp")
+            layout_fields.pop("vp")
+        if layout:
+            data["layout"] = layout_fields
         if data["fault"]["kind"] == FaultKind.NONE.value:
             data.pop("fault")  # runs without a fault keep the hash they had before faults existed
         text = json.dumps(data, sort_keys=True)

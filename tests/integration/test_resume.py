@@ -49,3 +49,31 @@ def test_checkpoints_load_without_code(runs: Runs) -> None:
     directory = runs.get("base") / "checkpoints" / "step_000001"
     for file in directory.glob("*.pt"):
         torch.load(file, weights_only=True)  # raises if the file needed pickled code
+
+
+@pytest.mark.parametrize("name, overrides", [("from-tp2-at-tp1", {}), ("from-tp2-at-dp2", {"layout.dp": 2})])
+def test_a_run_starts_at_another_layout_from_a_tp2_checkpoint(runs: Runs, tmp_path: Path, name: str,
+                                                                 overrides: dict[str, int]) -> None:
+    from workbench.analysis.resume import resume_check
+
+    source = runs.get("tp2", **{"layout.tp": 2})
+    reference = runs.get("base") if not overrides else runs.get("dp2", **{"layout.dp": 2})
+    started = launch(tiny_config(name, **overrides), tmp_path / name, start_from=source / "checkpoints" / "step_000002")
+    run = open_run(started)
+    assert run.status == "complete" and run.manifest["resumes"] == [2] and run.first_step == 2
+    assert run.manifest["started_from"]["step"] == 2 and run.manifest["started_from"]["layout"]["tp"] == 2
+    # the TP shards joined and split again: the new layout holds the checkpoint's state exactly
+    before, after = (load_full_params(r / "checkpoints" / "step_000002") for r in (source, started))
+    assert sorted(before) == sorted(after) and all(torch.equal(before[n], after[n]) for n in before)
+    check = resume_check(run.records(), open_run(reference).records(), floor=open_run(source).records())
+    # it departs from the uninterrupted run at the new layout at once (TP2 and TP1 parted at step 0) and stays
+    # as close to it as the TP2 run does
+    assert check.first_step == 2 and check.within_floor, check.summary()
+
+
+def test_starting_at_another_layout_needs_the_same_training(runs: Runs, tmp_path: Path) -> None:
+    source = runs.get("tp2", **{"layout.tp": 2})
+    with pytest.raises(CheckpointError, match="beyond the layout"):
+        launch(tiny_config("other-lr", **{"optim.lr": 0.02}), tmp_path / "x", start_from=source)
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        launch(tiny_config("nowhere"), tmp_path / "y", start_from=tmp_path)

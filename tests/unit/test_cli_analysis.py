@@ -101,3 +101,25 @@ def test_anomalies_verb(pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["anomalies", str(spiky)]) == 1
     out = capsys.readouterr().out
     assert "loss_spike" in out and " 30 " in out
+
+
+def test_a_run_started_at_another_layout_is_held_to_the_noise_floor(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    reference = write_synthetic_run(tmp_path / "tp1", steps=30, sites=20, seed=3)
+    source = write_synthetic_run(tmp_path / "tp2", steps=30, sites=20, seed=3, diverge_at=(0, 0),
+                                 initial_difference=1e-6)
+    near = write_synthetic_run(tmp_path / "near", steps=30, sites=20, seed=3, diverge_at=(0, 0),
+                               initial_difference=2e-6)
+    far = write_synthetic_run(tmp_path / "far", steps=30, sites=20, seed=3, diverge_at=(0, 0),
+                              initial_difference=1e-3)
+    for run in (near, far):
+        update_manifest(run, resumes=[10], started_from={"run": str(source), "step": 10})
+    assert main(["resume-check", str(near), str(reference)]) == 0  # the floor: tp2's own distance to tp1
+    out = capsys.readouterr().out
+    assert "2.00 x the noise floor (tp2 vs tp1" in out and "within the floor" in out
+    assert main(["resume-check", str(far), str(reference)]) == 1
+    assert "above the floor" in capsys.readouterr().out
+    # against the run it started from there is no floor to measure: bitwise or not, as a plain resume
+    # (the synthetic fingerprints differ where the runs diverge, here alike in both)
+    assert main(["resume-check", str(near), str(source)]) == 0
+    assert "noise floor" not in capsys.readouterr().out

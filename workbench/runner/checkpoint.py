@@ -93,7 +93,11 @@ def latest_step(paths: RunPaths) -> int:
 
 
 def read_meta(paths: RunPaths, step: int) -> dict[str, Any]:
-    return json.loads((paths.checkpoint(step) / "meta.json").read_text())
+    return read_meta_at(paths.checkpoint(step))
+
+
+def read_meta_at(directory: Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / "meta.json").read_text())
 
 
 def load(paths: RunPaths, step: int) -> dict[str, Any]:
@@ -105,18 +109,21 @@ def load(paths: RunPaths, step: int) -> dict[str, Any]:
     return state
 
 
-def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every parameter of a checkpoint as its full, unsharded tensor (TP shards concatenated)."""
-    directory = Path(directory)
+def _checkpoint_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("model_tp*_pp*.pt"))
     if not files or not (directory / "meta.json").is_file():
         raise CheckpointError(f"{directory}: not a complete checkpoint")
-    shards: dict[str, dict[int, torch.Tensor]] = {}  # name -> TP rank -> shard (EP files repeat dense ones)
+    return files
+
+
+def _merge(pieces: list[tuple[dict[str, torch.Tensor], dict[str, list[int] | None]]]) -> dict[str, torch.Tensor]:
+    """Full tensors from (tensors by name, shard info by name) of each file: TP shards concatenated, replicas
+    (the same tensor in several files: other EP ranks' files repeat the dense parameters) taken once."""
+    shards: dict[str, dict[int, torch.Tensor]] = {}
     dims: dict[str, int | None] = {}
-    for file in files:
-        state = torch.load(file, weights_only=True)
-        for name, tensor in state["params"].items():
-            info = state["shards"][name]
+    for tensors, infos in pieces:
+        for name, tensor in tensors.items():
+            info = infos[name]
             dims[name] = None if info is None else info[0]
             shards.setdefault(name, {}).setdefault(0 if info is None else info[1], tensor)
     full = {}
@@ -125,3 +132,49 @@ def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
         ordered = [parts[rank] for rank in sorted(parts)]
         full[name] = ordered[0] if dim is None else torch.cat(ordered, dim=dim)
     return full
+
+
+def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every parameter of a checkpoint as its full, unsharded tensor (TP shards concatenated)."""
+    states = [torch.load(f, weights_only=True) for f in _checkpoint_files(Path(directory))]
+    return _merge([(state["params"], state["shards"]) for state in states])
+
+
+def load_full_state(directory: str | Path) -> dict[str, Any]:
+    """A checkpoint as full tensors, for a run of another layout to start from: ``params`` and, per name,
+    the optimizer's ``master``, ``exp_avg``, ``exp_avg_sq`` and ``step``; the ``scheduler`` state and the
+    ``optimizer`` state of one file (its hyper-parameters and loss scaler)."""
+    from workbench.runner.optimizer import adam_order
+
+    states = [torch.load(f, weights_only=True) for f in _checkpoint_files(Path(directory))]
+    if any("masters" not in state["optimizer"] for state in states):
+        raise CheckpointError(f"{directory}: written by Megatron's own optimizer (a GPU run); starting another "
+                              "layout from it needs the CPU runner's optimizer state")
+    pieces: dict[str, list[tuple[dict[str, torch.Tensor], dict[str, list[int] | None]]]] = {
+        key: [] for key in ("params", "master", "exp_avg", "exp_avg_sq")}
+    steps: dict[str, torch.Tensor] = {}
+    for state in states:
+        opt = state["optimizer"]
+        names = list(opt["names"])
+        order = adam_order(names, [state["params"][n].ndim for n in names])
+        moments = {name: opt["adam_state"][i] for i, name in enumerate(order) if i in opt["adam_state"]}
+        pieces["params"].append((state["params"], state["shards"]))
+        pieces["master"].append((opt["masters"], state["shards"]))
+        for key in ("exp_avg", "exp_avg_sq"):
+            pieces[key].append(({n: m[key] for n, m in moments.items()}, state["shards"]))
+        steps.update({n: m["step"] for n, m in moments.items()})
+    full = {key: _merge(parts) for key, parts in pieces.items()}
+    named = {name: {"master": full["master"][name], "step": steps[name], "exp_avg": full["exp_avg"][name],
+                    "exp_avg_sq": full["exp_avg_sq"][name]} if name in steps else {"master": full["master"][name]}
+             for name in full["params"]}
+    return {"params": full["params"], "optimizer_named": named, "scheduler": states[0]["scheduler"],
+            "optimizer": states[0]["optimizer"]}
+
+
+def shard_of(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of the full tensor ``full`` of ``param`` (its TP shard, or the whole of a replica)."""
+    info = _shard_info(param)
+    if info is None:
+        return full
+    dim, rank, size = info
+    return full.chunk(size, dim=dim)[rank]

@@ -9,6 +9,7 @@ Imports no torch: the launcher stays light and the workers do the training.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -169,15 +170,57 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
         raise
 
 
+def start_checkpoint(source: str | os.PathLike[str], cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint folder a run of ``cfg`` at another layout starts from, and the manifest record of it:
+    ``source`` is a checkpoint folder (``RUN/checkpoints/step_K``) or a run folder (its latest checkpoint).
+    The source run must have trained the same model the same way (``numerics_hash`` without the layout)."""
+    path = Path(source)
+    if (path / "checkpoints").is_dir():
+        steps = layout.RunPaths(path).checkpoint_steps()
+        if not steps:
+            raise CheckpointError(f"{path}: no complete checkpoint to start from")
+        path = layout.RunPaths(path).checkpoint(steps[-1])
+    if not (path / "meta.json").is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (a folder RUN/checkpoints/step_K with meta.json, "
+                              "or a run folder)")
+    meta = json.loads((path / "meta.json").read_text())
+    source_run = open_run(path.parent.parent)
+    if source_run.config.numerics_hash(layout=False) != cfg.numerics_hash(layout=False):
+        raise CheckpointError(f"{path}: written by {source_run.name} ({source_run.config.summary()}), which trains "
+                              f"differently from {cfg.name} ({cfg.summary()}) beyond the layout; a run starts from "
+                              "another layout's checkpoint only with the same model, data and optimizer")
+    step = int(meta["step"])
+    if step >= cfg.steps:
+        raise CheckpointError(f"{path}: step {step} is not before the run's last step ({cfg.steps})")
+    record = {"run": str(source_run.path), "run_id": source_run.run_id, "step": step, "layout": meta.get("layout")}
+    return path, record
+
+
 def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = False, stop_after: int | None = None,
            overwrite: bool = False, progress: ProgressFn | None = None, trace_step: int | None = None,
-           manifest: Mapping[str, Any] | None = None) -> Path:
+           manifest: Mapping[str, Any] | None = None, start_from: str | os.PathLike[str] | None = None) -> Path:
     """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails.
 
     ``trace_step``: run that step under the operation tracer (``workbench.runner.optrace``).
     ``manifest``: fields added to the run's manifest before any rank starts.
+    ``start_from``: a checkpoint of a run of the same config at another layout (``start_checkpoint``): the
+    run starts at its step, from its state resharded to this layout (the CPU runner's checkpoints only).
     """
     paths = layout.RunPaths(Path(run_dir))
+    if start_from is not None and resume:
+        raise LaunchError("--resume continues this run's own checkpoints; --start-from starts from another "
+                          "run's: pass one of them")
+    start_args: list[str] = []
+    start_record: dict[str, Any] | None = None
+    if start_from is not None:
+        checkpoint_dir, start_record = start_checkpoint(start_from, cfg)
+        start_args = ["--start-from", str(checkpoint_dir)]
+        # the store's recorded steps begin at the checkpoint's step (as a replay's), so that readers
+        # see no gap before it; the ranges change no number (record is outside the numerics hash)
+        first = start_record["step"]
+        ranges = [[max(a, first), b] for a, b in cfg.record.ranges or [[0, cfg.steps]] if b > first]
+        cfg = cfg.with_overrides({"record.ranges": ranges or [[first, cfg.steps]],
+                                  "record.snapshot_steps": [k for k in cfg.record.snapshot_steps if k >= first]})
     if cfg.precision is Precision.FP8:
         from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
 
@@ -201,7 +244,9 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         create_store(paths.run_dir, new_manifest(cfg), cfg.steps)
     if manifest:
         update_manifest(paths.run_dir, **manifest)
-    args = (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
+    if start_record is not None:
+        update_manifest(paths.run_dir, started_from=start_record, resumes=[start_record["step"]])
+    args = start_args + (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
         + (["--trace-step", str(trace_step)] if trace_step is not None else [])
     ranks = _spawn(cfg, paths, args)
     failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))

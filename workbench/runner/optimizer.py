@@ -36,6 +36,11 @@ class TrainingOptimizer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def adam_order(names: list[str], ndims: list[int]) -> list[str]:
+    """The names in the order of the inner AdamW's state indices: decayed matrices first, then the rest."""
+    return [n for n, d in zip(names, ndims) if d >= 2] + [n for n, d in zip(names, ndims) if d < 2]
+
+
 def _is_duplicate(param: torch.Tensor) -> bool:
     """True for a tensor-parallel replica that another TP rank also counts in the norm."""
     return not getattr(param, "tensor_model_parallel", False) and ps.get_tensor_model_parallel_rank() > 0
@@ -130,6 +135,18 @@ class MasterWeightAdamW:
             "param_groups": inner["param_groups"],
             "scaler": self._scaler.state_dict() if self._scaler else None,
         }
+
+    @torch.no_grad()
+    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]) -> None:
+        """Load per-name masters and moments (this rank's shards of another layout's checkpoint); the
+        hyper-parameters and loss scaler from that checkpoint's optimizer ``state``."""
+        order = adam_order(list(self._names), [p.ndim for p in self._params])
+        adam = {i: {k: named[n][k] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(order)
+                if "exp_avg" in named[n]}
+        groups = self._inner.state_dict()["param_groups"]
+        groups = [{**theirs, "params": ours["params"]} for ours, theirs in zip(groups, state["param_groups"])]
+        self.load_state_dict({"names": list(self._names), "masters": {n: named[n]["master"] for n in self._names},
+                              "adam_state": adam, "param_groups": groups, "scaler": state["scaler"]})
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 Started by the launcher (``workbench.runner.launch``) once per rank, with ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its environment:
 
-    python -m workbench.runner.worker RUN_DIR [--resume] [--stop-after K] [--trace-step K]
+    python -m workbench.runner.worker RUN_DIR [--resume | --start-from CHECKPOINT] [--stop-after K] [--trace-step K]
 
 It reads the config from the run's manifest, builds the model for its place in the
 TP x PP x DP grid, trains with the schedule from ``get_forward_backward_func`` (1F1B when
@@ -33,7 +33,7 @@ import torch.distributed as dist
 from workbench import determinism
 from workbench.config import RunConfig
 from workbench.data import SyntheticCorpus, rank_held_out_microbatches, rank_microbatch_indices
-from workbench.errors import CheckpointError
+from workbench.errors import CheckpointError, UnsupportedError
 from workbench.runner import cpu_compat
 from workbench.store import layout
 from workbench.store.manifest import parse_layout
@@ -172,6 +172,24 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict()}
 
     @torch.no_grad()
+    def start_from(self, full: dict[str, Any], source: Path) -> None:
+        """Take this rank's shards of another layout's checkpoint (``checkpoint.load_full_state``)."""
+        from workbench.runner.checkpoint import shard_of
+
+        if not hasattr(self.optimizer, "load_named_state"):
+            raise UnsupportedError("starting from another layout's checkpoint needs the CPU runner's optimizer; "
+                                   "Megatron's own (GPU runs) keeps its state by parameter group index")
+        named = {}
+        for name, param in self.model.named_parameters():
+            if name not in full["params"]:
+                raise CheckpointError(f"{source}: holds no parameter {name!r} of this model")
+            param.copy_(shard_of(full["params"][name], param))
+            named[name] = {key: value if key == "step" else shard_of(value, param)
+                           for key, value in full["optimizer_named"][name].items()}
+        self.optimizer.load_named_state(named, full["optimizer"])
+        self.scheduler.load_state_dict(full["scheduler"])
+
+    @torch.no_grad()
     def restore(self, state: dict[str, Any]) -> None:
         for name, param in self.model.named_parameters():
             param.copy_(state["params"][name])
@@ -226,7 +244,8 @@ def _traced_step(trainer: Trainer, step: int, paths: layout.RunPaths, rank: int)
     return row
 
 
-def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int | None = None) -> None:
+def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int | None = None,
+        start_from: Path | None = None) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -264,6 +283,9 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
             raise CheckpointError(f"checkpoint {paths.checkpoint(start)} was written by a different config or layout "
                                   "than this run's; resume it with the config it was trained with, or start afresh")
         trainer.restore(checkpoint.load(paths, start))
+    elif start_from is not None:  # another layout's checkpoint (the launcher checked that it fits)
+        start = int(checkpoint.read_meta_at(start_from)["step"])
+        trainer.start_from(checkpoint.load_full_state(start_from), start_from)
     if rank == 0:
         record = dict(manifest["determinism"])
         record.update(determinism.describe(cfg.deterministic, trainer.emulated, sources=trainer.sources,
@@ -303,8 +325,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--trace-step", type=int, default=None)
+    parser.add_argument("--start-from", type=Path, default=None)
     args = parser.parse_args(argv)
-    run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step)
+    run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step,
+        start_from=args.start_from)
 
 
 if __name__ == "__main__":
