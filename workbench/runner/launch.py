@@ -246,7 +246,8 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         update_manifest(paths.run_dir, **manifest)
     if start_record is not None:
         update_manifest(paths.run_dir, started_from=start_record, resumes=[start_record["step"]])
-    args = start_args + (["--resume"] if resume else []) + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
+    args = start_args + (["--resume"] if resume else []) \
+        + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
         + (["--trace-step", str(trace_step)] if trace_step is not None else [])
     ranks = _spawn(cfg, paths, args)
     failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
