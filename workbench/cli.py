@@ -97,11 +97,31 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def moe_demo_dir(out: Path) -> Path:
+    """Where the demo's MoE study goes: beside the dense one (``data/runs/demo`` -> ``data/runs/demo-moe``)."""
+    return out.with_name(out.name + "-moe")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    with resources.as_file(resources.files("workbench") / "examples" / "demo.toml") as study_file:
-        _run_study_file(study_file, args.out)
-    print()
-    _cmd_study(argparse.Namespace(directory=args.out))
+    import pandas as pd
+
+    from workbench.workspace import Workspace
+
+    moe_out = moe_demo_dir(args.out)
+    for study, out in (("demo.toml", args.out), ("demo_moe.toml", moe_out)):
+        with resources.as_file(resources.files("workbench") / "examples" / study) as study_file:
+            _run_study_file(study_file, out)
+    for out in (args.out, moe_out):
+        print(f"\n== {out} ==")
+        _cmd_study(argparse.Namespace(directory=out))
+    cost = pd.concat([Workspace.open(out).cost() for out in (args.out, moe_out)], ignore_index=True)
+    print("\ncost of deterministic mode per configuration, both studies (tokens/s; 95% bootstrap interval; on "
+          "this CPU the nondeterministic side differs only by the emulated atomics):")
+    print(cost[["config", "deterministic_tokens_per_s", "default_tokens_per_s", "tax_percent", "ci_low", "ci_high"]]
+          .to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    nondet = Workspace.open(moe_out).floor_runs[-2:]
+    if len(nondet) == 2:
+        print(f"\nto find the MoE operation: workbench bisect {moe_out / nondet[0]} {moe_out / nondet[1]}")
     _investigate_faults(args.out)
     return 0
 
@@ -405,8 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", type=Path, default=None, help="folder for the runs (default data/runs/<study>)")
     sweep.set_defaults(func=_cmd_sweep)
 
-    demo = verbs.add_parser("demo", help="run the demo study on CPU")
-    demo.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR / "demo", help="default %(default)s")
+    demo = verbs.add_parser("demo", help="run the demo study on CPU (and its MoE study, into OUT-moe)")
+    demo.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR / "demo",
+                      help="default %(default)s; the MoE study goes beside it (data/runs/demo-moe)")
     demo.set_defaults(func=_cmd_demo)
 
     ls = verbs.add_parser("ls", help="list the runs under a folder")

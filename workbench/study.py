@@ -4,6 +4,9 @@
     base = "tiny.toml"               # a run config, relative to this file
     repeats = 2                      # every run twice (same seed: repeats of one config)
 
+    [overrides]                      # dotted config keys changed in the base for every run
+    "model.num_layers" = 2
+
     [matrix]                         # cartesian product of dotted config keys
     precision = ["fp32", "bf16"]
     "layout.tp" = [1, 2]
@@ -48,7 +51,7 @@ class Study:
     runs: tuple[PlannedRun, ...]
 
 
-_STUDY_KEYS = {"name", "base", "repeats", "matrix", "runs"}
+_STUDY_KEYS = {"name", "base", "overrides", "repeats", "matrix", "runs"}
 _RUN_KEYS = {"name", "repeats", "resume_at"}
 
 
@@ -91,6 +94,10 @@ def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "stu
     if unknown:
         raise ConfigError(f"{source}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(_STUDY_KEYS))}")
     name = data.get("name", base.name)
+    overrides_all = data.get("overrides", {})
+    if not isinstance(overrides_all, Mapping):
+        raise ConfigError(f"{source}: overrides must be a table of config keys and values")
+    base = base.with_overrides(_flatten(overrides_all), source=f"{source} overrides")
     repeats = _positive_int(data.get("repeats", 1), "repeats", source)
     planned: list[PlannedRun] = []
     matrix = _flatten(data.get("matrix", {}))

@@ -40,6 +40,8 @@ def test_explicit_runs_with_resume() -> None:
         ({"matrix": {"precision": []}}, "non-empty list"),
         ({"matrix": {"precision": ["fp9"]}}, "precision"),
         ({"colour": 1}, "unknown field 'colour'"),
+        ({"overrides": {"model": {"colour": 1}}, "runs": [{"name": "a"}]}, "model.colour"),
+        ({"overrides": 3, "runs": [{"name": "a"}]}, "overrides must be a table"),
         ({}, "plans no runs"),
     ],
 )
@@ -56,3 +58,18 @@ def test_demo_study_covers_what_the_demo_promises() -> None:
     assert not configs["nondet-r0"].deterministic
     assert configs["tp2"].layout.tp == 2 and configs["pp2"].layout.pp == 2 and configs["dp2"].layout.dp == 2
     assert next(r for r in study.runs if r.name == "resumed").resume_at is not None
+
+
+def test_overrides_change_the_base_of_every_run() -> None:
+    study = expand_study({"overrides": {"model": {"num_experts": 4}, "steps": 20},
+                          "runs": [{"name": "a"}, {"name": "b", "layout": {"dp": 2, "ep": 2}}]}, BASE)
+    assert [r.config.model.num_experts for r in study.runs] == [4, 4] and study.runs[0].config.steps == 20
+    assert study.runs[1].config.layout.ep == 2
+
+
+def test_the_moe_demo_pairs_each_configuration() -> None:
+    configs = {r.name: r.config for r in load_study(EXAMPLES / "demo_moe.toml").runs}
+    assert all(c.model.is_moe and c.model.moe_topk >= 3 for c in configs.values())  # >= 3 outputs meet per token
+    assert {(c.layout.ep, c.deterministic) for c in configs.values()} == {(1, True), (1, False), (2, True), (2, False)}
+    dense = {r.name: r.config for r in load_study(EXAMPLES / "demo.toml").runs}
+    assert {(c.layout.dp, c.deterministic) for c in dense.values() if c.layout.dp == 2} == {(2, True), (2, False)}

@@ -11,8 +11,10 @@ An expert's output is computed on the rank that holds the expert, for the tokens
 from every rank of its expert-parallel group (the ``allgather`` dispatcher); each token's row
 is put back at its own (sample, position), so expert 5 of an EP=2 run and of the EP=1 run
 are the same tensor, element by element. Only the statistics of micro-batch-sized pieces
-are added per step, as for every site. Expert outputs split over an expert-tensor-parallel
-group (partial sums) are not recorded.
+are added per step, as for every site. With sequence parallelism each TP rank routes its
+share of the sequence: the probabilities and expert outputs are placed at their positions,
+the counts and the aux loss (partial sums) are summed over the TP group first. Expert
+outputs split over an expert-tensor-parallel group (partial sums) are not recorded.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ top-k router with the load-balancing aux loss, the ``allgather`` token dispatche
 ``alltoall`` one builds a ``torch.cuda.Stream``), ``SequentialMLP`` experts (grouped GEMMs
 need Transformer Engine or grouped_gemm), experts not split over TP (expert TP size 1) and
 no linear biases (Megatron refuses expert biases in some TP/EP combinations).
+
+Sequence parallelism uses the local spec with ``SequenceParallelNorm`` for its norms; a
+virtual pipeline builds one GPTModel (and DDP) per virtual stage, Megatron's model chunks.
 """
 
 from __future__ import annotations
