@@ -38,6 +38,11 @@ class FaultKind(StrEnum):
     SCALE = "scale"
 
 
+class CheckpointFormat(StrEnum):
+    RUNNER = "runner"
+    MEGATRON = "megatron"
+
+
 class PositionEmbedding(StrEnum):
     LEARNED_ABSOLUTE = "learned_absolute"
     ROPE = "rope"
@@ -367,6 +372,10 @@ class RunConfig:
     """Samples per forward pass."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (and at step 0); 0 saves none."""
+    checkpoint_format: CheckpointFormat = CheckpointFormat.RUNNER
+    """``runner``: the runner's files (parameters and optimizer by name); ``megatron``: besides them the model's
+    sharded state dict through Megatron's ``dist_checkpointing`` (torch_dist), which a run at another layout
+    loads resharded by Megatron (``--start-from``) and Megatron-LM can read."""
     flush_every: int = 10
     """Write recorded steps to the store at least this often; bounds what a crash loses."""
 
@@ -375,6 +384,8 @@ class RunConfig:
                  all(c.isalnum() or c in "-_." for c in self.name), "name", self.name,
                  "a non-empty string of letters, digits, '-', '_' and '.'")
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
+        object.__setattr__(self, "checkpoint_format", _enum(CheckpointFormat, self.checkpoint_format,
+                                                            "checkpoint_format"))
         _require(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
         _require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "a whole number >= 0")
         for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
@@ -482,6 +493,7 @@ class RunConfig:
         layout_fields = data.pop("layout")
         data.pop("flush_every")
         data.pop("checkpoint_every")
+        data.pop("checkpoint_format")
         data.pop("record")
         data.pop("eval")  # evaluating changes no training number
         switched = {k: v for k, v in data.pop("nondeterminism").items() if v is not None}

@@ -51,17 +51,26 @@ def test_checkpoints_load_without_code(runs: Runs) -> None:
         torch.load(file, weights_only=True)  # raises if the file needed pickled code
 
 
-@pytest.mark.parametrize("name, overrides", [("from-tp2-at-tp1", {}), ("from-tp2-at-dp2", {"layout.dp": 2})])
+@pytest.mark.parametrize("name, overrides, source_format", [
+    ("from-tp2-at-tp1", {}, "runner"), ("from-tp2-at-dp2", {"layout.dp": 2}, "runner"),
+    ("from-megatron-tp2-at-tp1", {}, "megatron")])
 def test_a_run_starts_at_another_layout_from_a_tp2_checkpoint(runs: Runs, tmp_path: Path, name: str,
-                                                                 overrides: dict[str, int]) -> None:
+                                                                 overrides: dict[str, int], source_format: str) -> None:
     from workbench.analysis.resume import resume_check
 
-    source = runs.get("tp2", **{"layout.tp": 2})
+    source = runs.get("tp2", **{"layout.tp": 2}) if source_format == "runner" else \
+        runs.get("tp2-megatron", **{"layout.tp": 2, "checkpoint_format": "megatron"})
     reference = runs.get("base") if not overrides else runs.get("dp2", **{"layout.dp": 2})
     started = launch(tiny_config(name, **overrides), tmp_path / name, start_from=source / "checkpoints" / "step_000002")
     run = open_run(started)
     assert run.status == "complete" and run.manifest["resumes"] == [2] and run.first_step == 2
     assert run.manifest["started_from"]["step"] == 2 and run.manifest["started_from"]["layout"]["tp"] == 2
+    # a Megatron-format checkpoint's model is resharded by megatron.core.dist_checkpointing itself
+    assert ("dist_checkpointing" in run.manifest["started_from"]["model_loaded_by"]) == (source_format == "megatron")
+    if source_format == "megatron":  # saving through dist_checkpointing changes no number of the run
+        from workbench.analysis.compare import compare
+
+        assert compare(open_run(source).records(), open_run(runs.get("tp2", **{"layout.tp": 2})).records()).identical
     # the TP shards joined and split again: the new layout holds the checkpoint's state exactly
     before, after = (load_full_params(r / "checkpoints" / "step_000002") for r in (source, started))
     assert sorted(before) == sorted(after) and all(torch.equal(before[n], after[n]) for n in before)

@@ -6,6 +6,8 @@
                            LR-schedule state; written by the lowest rank of each shard's replicas
                            (``_ep<E>`` added with experts split over EP ranks: each holds its experts)
     rank<R>.pt             RNG state of global rank R
+    megatron/              with ``checkpoint_format = "megatron"``: the model's sharded state dict
+                           through ``megatron.core.dist_checkpointing`` (torch_dist backend)
     meta.json              step, layout, config hash; written last, after a barrier, so a
                            checkpoint without it is incomplete and never loaded
 
@@ -26,7 +28,7 @@ from megatron.core import parallel_state as ps
 
 from workbench.errors import CheckpointError
 from workbench.recorder.targets import is_expert_parameter
-from workbench.store.layout import RunPaths
+from workbench.store.layout import MEGATRON_CHECKPOINT, RunPaths
 
 
 def _model_file(directory: Path) -> Path:
@@ -56,10 +58,53 @@ def _shard_info(param: torch.Tensor) -> list[int] | None:
     return [int(param.partition_dim), rank, size]  # type: ignore[attr-defined]
 
 
+MEGATRON_DIR = MEGATRON_CHECKPOINT
+
+
+def _sharded_state(gpt: torch.nn.Module) -> dict[str, Any]:
+    return gpt.sharded_state_dict()  # type: ignore[operator, no-any-return]
+
+
+def save_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
+    """The model chunks' sharded state dicts through ``dist_checkpointing`` into ``directory/megatron``
+    (collective; keys carry global layer numbers, so virtual stages' chunks merge into one dict)."""
+    from megatron.core import dist_checkpointing
+
+    target = directory / MEGATRON_DIR
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    merged: dict[str, Any] = {}
+    for gpt in gpts:
+        merged.update(_sharded_state(gpt))
+    dist_checkpointing.save(merged, str(target))
+
+
+def load_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
+    """Load ``directory/megatron`` into the model chunks, resharded by Megatron for this layout (collective)."""
+    from megatron.core import dist_checkpointing
+
+    for gpt in gpts:
+        state = dist_checkpointing.load(_sharded_state(gpt), str(directory / MEGATRON_DIR))
+        missing, unexpected = gpt.load_state_dict(state, strict=False)
+        wanted = [k for k in missing if not k.endswith("_extra_state")]
+        if wanted or unexpected:
+            raise CheckpointError(f"{directory / MEGATRON_DIR}: does not fit this model (missing {wanted[:3]}, "
+                                  f"unexpected {list(unexpected)[:3]})")
+
+
+def has_megatron(directory: Path) -> bool:
+    return (Path(directory) / MEGATRON_DIR / "metadata.json").is_file()
+
+
 def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], optimizer: dict[str, Any],
-         scheduler: dict[str, Any], meta: dict[str, Any]) -> Path:
+         scheduler: dict[str, Any], meta: dict[str, Any], megatron: list[torch.nn.Module] | None = None) -> Path:
+    """Save the state before ``step`` (collective); with ``megatron`` (the model chunks) also in Megatron's
+    distributed format."""
     directory = paths.checkpoint(step)
     directory.mkdir(parents=True, exist_ok=True)
+    if megatron is not None:
+        save_megatron(directory, megatron)
     rank = dist.get_rank()
     if _writes_model_file(directory):
         state = {

@@ -192,7 +192,9 @@ def start_checkpoint(source: str | os.PathLike[str], cfg: RunConfig) -> tuple[Pa
     step = int(meta["step"])
     if step >= cfg.steps:
         raise CheckpointError(f"{path}: step {step} is not before the run's last step ({cfg.steps})")
-    record = {"run": str(source_run.path), "run_id": source_run.run_id, "step": step, "layout": meta.get("layout")}
+    record = {"run": str(source_run.path), "run_id": source_run.run_id, "step": step, "layout": meta.get("layout"),
+              "model_loaded_by": "megatron.core.dist_checkpointing"
+              if (path / layout.MEGATRON_CHECKPOINT / "metadata.json").is_file() else "workbench (by name)"}
     return path, record
 
 

@@ -174,16 +174,20 @@ class Trainer:
     @torch.no_grad()
     def start_from(self, full: dict[str, Any], source: Path) -> None:
         """Take this rank's shards of another layout's checkpoint (``checkpoint.load_full_state``)."""
-        from workbench.runner.checkpoint import shard_of
+        from workbench.runner.checkpoint import has_megatron, load_megatron, shard_of
 
         if not hasattr(self.optimizer, "load_named_state"):
             raise UnsupportedError("starting from another layout's checkpoint needs the CPU runner's optimizer; "
                                    "Megatron's own (GPU runs) keeps its state by parameter group index")
+        megatron = has_megatron(source)
+        if megatron:  # the model resharded by Megatron's dist_checkpointing, the optimizer by name below
+            load_megatron(source, self.model.gpts)
         named = {}
         for name, param in self.model.named_parameters():
             if name not in full["params"]:
                 raise CheckpointError(f"{source}: holds no parameter {name!r} of this model")
-            param.copy_(shard_of(full["params"][name], param))
+            if not megatron:
+                param.copy_(shard_of(full["params"][name], param))
             named[name] = {key: value if key == "step" else shard_of(value, param)
                            for key, value in full["optimizer_named"][name].items()}
         self.optimizer.load_named_state(named, full["optimizer"])
@@ -299,7 +303,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not (resume and step == start):
             if writer:
                 writer.flush()
-            checkpoint.save(paths, step, meta=meta, **trainer.state())
+            checkpoint.save(paths, step, meta=meta, **trainer.state(),
+                            megatron=trainer.model.gpts if cfg.checkpoint_format.value == "megatron" else None)
         if step == cfg.steps or (stop_after is not None and step >= stop_after):
             break
         _check_injected_failure(rank, step)

@@ -118,6 +118,10 @@ class Status:
     loop stopped with Ctrl-C."""
 
 
+MEGATRON_CHECKPOINT = "megatron"
+"""The subfolder of a checkpoint holding the model in Megatron's distributed-checkpoint format."""
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Where each part of one run lives."""
