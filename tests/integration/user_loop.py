@@ -8,8 +8,9 @@ lines the test finds here in order) and, on a machine without a GPU, ``cpu_compa
 
     python -m torch.distributed.run --nproc-per-node 2 tests/integration/user_loop.py RUN_DIR --tp 2
 
-``--flip STEP:MODULE`` flips the lowest mantissa bit of one element of MODULE's output at STEP
-(the test's own forward hook); ``--raise-at STEP`` makes the loop fail there.
+``--flip STEP:MODULE`` flips the top mantissa bit of one element of MODULE's output at STEP
+(the test's own forward hook; the lowest bit could vanish in the residual add, depending on
+the values, which depend on the CPU); ``--raise-at STEP`` makes the loop fail there.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main() -> None:
             if current_step[0] != int(flip_step) or not isinstance(tensor, torch.Tensor):
                 return None
             bit = torch.zeros_like(tensor, dtype=torch.int32).view(-1)
-            bit[0] = 1  # the lowest mantissa bit of the first element
+            bit[0] = 1 << 22  # the top mantissa bit of the first element: the value moves by half or more
             flipped = (tensor.detach().view(torch.int32) ^ bit.view(tensor.shape)).view(tensor.dtype)
             tensor = tensor + (flipped - tensor.detach())  # the flipped value, the gradient unchanged
             return (tensor, *output[1:]) if isinstance(output, tuple) else tensor

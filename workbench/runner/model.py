@@ -54,6 +54,22 @@ class BuiltModel:
     first_expert: int = 0
     """Global index of this rank's first local expert (0 without experts)."""
 
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        """The model chunk of a run without virtual pipeline stages."""
+        return self._one(self.chunks)
+
+    @property
+    def gpt(self) -> GPTModel:
+        """The unwrapped model of a run without virtual pipeline stages."""
+        return self._one(self.gpts)
+
+    @staticmethod
+    def _one(items: list[Any]) -> Any:
+        if len(items) != 1:
+            raise ValueError(f"the model has {len(items)} chunks (virtual pipeline stages): use chunks / gpts")
+        return items[0]
+
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(canonical name, parameter) for every parameter this rank holds, in model order."""
         return [(canonical_name(n, layers, self.first_expert), p) for gpt, layers in zip(self.gpts, self.global_layers)
