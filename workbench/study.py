@@ -16,6 +16,10 @@
     resume_at = 20                   # run to step 20, stop, resume from the checkpoint
     repeats = 1
 
+    [[runs]]
+    name = "tp1-from-tp2"
+    start_from = { run = "tp2", step = 10 }   # another (earlier) run's checkpoint, at this run's layout
+
 ``expand_study`` is pure; ``run_study`` launches each planned run in turn, skipping runs
 whose store is already complete with the same config.
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 from workbench.config import RunConfig, load_run_config, read_toml
 from workbench.errors import ConfigError, NotARunError, RunNotFoundError
+from workbench.store import layout
 from workbench.store.layout import Status
 
 
@@ -39,6 +44,8 @@ class PlannedRun:
     config: RunConfig
     resume_at: int | None = None
     """Stop after this many steps, then resume from the last checkpoint (a resume study)."""
+    start_from: tuple[str, int] | None = None
+    """(run, step): start from that earlier run's checkpoint at this run's layout (``launch(start_from=)``)."""
 
     @property
     def name(self) -> str:
@@ -52,7 +59,7 @@ class Study:
 
 
 _STUDY_KEYS = {"name", "base", "overrides", "repeats", "matrix", "runs"}
-_RUN_KEYS = {"name", "repeats", "resume_at"}
+_RUN_KEYS = {"name", "repeats", "resume_at", "start_from"}
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -87,6 +94,23 @@ def _positive_int(value: Any, field: str, source: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{source}: {field} = {value!r} is not allowed: a whole number >= 1")
     return value
+
+
+def _start_from(value: Any, earlier: list[PlannedRun], where: str) -> tuple[str, int] | None:
+    """A run's ``start_from = { run = NAME, step = K }``: an earlier run of the study with a checkpoint at K."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"run", "step"}:
+        raise ConfigError(f"{where}: start_from = {value!r} is not allowed: a table {{ run = NAME, step = K }}")
+    source = next((p for p in earlier if p.name == value["run"]), None)
+    if source is None:
+        raise ConfigError(f"{where}: start_from.run = {value['run']!r} names no earlier run of the study")
+    step = _positive_int(value["step"], "start_from.step", where)
+    every = source.config.checkpoint_every
+    if not every or step % every or step >= source.config.steps:
+        raise ConfigError(f"{where}: start_from.step = {step}: {source.name} saves no checkpoint there "
+                          f"(checkpoint_every = {every}, steps = {source.config.steps})")
+    return source.name, step
 
 
 def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "study") -> Study:
@@ -125,7 +149,8 @@ def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "stu
                 if not cfg.checkpoint_every or resume_at >= cfg.steps:
                     raise ConfigError(f"{where}: resume_at = {resume_at} needs checkpoint_every > 0 and "
                                       f"resume_at < steps ({cfg.steps})")
-            planned.append(PlannedRun(config=cfg, resume_at=resume_at))
+            planned.append(PlannedRun(config=cfg, resume_at=resume_at,
+                                      start_from=_start_from(entry.get("start_from"), planned, where)))
     names = [p.name for p in planned]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -177,7 +202,11 @@ def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -
         def progress(line: str, index: int = index, planned: PlannedRun = planned) -> None:
             report(index, total, planned, line)
 
-        if planned.resume_at is None:
+        if planned.start_from is not None:
+            name, step = planned.start_from
+            launch(planned.config, run_dir, overwrite=True, progress=progress,
+                   start_from=layout.RunPaths(out / name).checkpoint(step))
+        elif planned.resume_at is None:
             launch(planned.config, run_dir, overwrite=True, progress=progress)
         else:
             launch(planned.config, run_dir, overwrite=True, stop_after=planned.resume_at, progress=progress)

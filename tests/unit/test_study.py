@@ -42,6 +42,9 @@ def test_explicit_runs_with_resume() -> None:
         ({"colour": 1}, "unknown field 'colour'"),
         ({"overrides": {"model": {"colour": 1}}, "runs": [{"name": "a"}]}, "model.colour"),
         ({"overrides": 3, "runs": [{"name": "a"}]}, "overrides must be a table"),
+        ({"runs": [{"name": "a", "start_from": {"run": "b", "step": 10}}]}, "no earlier run"),
+        ({"runs": [{"name": "b"}, {"name": "a", "start_from": {"run": "b", "step": 5}}]}, "saves no checkpoint"),
+        ({"runs": [{"name": "b"}, {"name": "a", "start_from": "b"}]}, "a table"),
         ({}, "plans no runs"),
     ],
 )
@@ -73,3 +76,11 @@ def test_the_moe_demo_pairs_each_configuration() -> None:
     assert {(c.layout.ep, c.deterministic) for c in configs.values()} == {(1, True), (1, False), (2, True), (2, False)}
     dense = {r.name: r.config for r in load_study(EXAMPLES / "demo.toml").runs}
     assert {(c.layout.dp, c.deterministic) for c in dense.values() if c.layout.dp == 2} == {(2, True), (2, False)}
+
+
+def test_the_parallel_study_starts_a_run_from_another_layouts_checkpoint() -> None:
+    runs = {r.name: r for r in load_study(EXAMPLES / "parallel.toml").runs}
+    assert runs["tp2-sp"].config.layout.sp and runs["pp2-vp2"].config.layout.vp == 2
+    started = runs["tp1-from-tp2"]
+    assert started.start_from == ("tp2", 10) and started.config.layout.tp == 1
+    assert list(runs).index("tp2") < list(runs).index("tp1-from-tp2")
