@@ -58,9 +58,6 @@ def _shard_info(param: torch.Tensor) -> list[int] | None:
     return [int(param.partition_dim), rank, size]  # type: ignore[attr-defined]
 
 
-MEGATRON_DIR = MEGATRON_CHECKPOINT
-
-
 def _sharded_state(gpt: torch.nn.Module) -> dict[str, Any]:
     return gpt.sharded_state_dict()  # type: ignore[operator, no-any-return]
 
@@ -70,7 +67,7 @@ def save_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
     (collective; keys carry global layer numbers, so virtual stages' chunks merge into one dict)."""
     from megatron.core import dist_checkpointing
 
-    target = directory / MEGATRON_DIR
+    target = directory / MEGATRON_CHECKPOINT
     if dist.get_rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -85,16 +82,16 @@ def load_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
     from megatron.core import dist_checkpointing
 
     for gpt in gpts:
-        state = dist_checkpointing.load(_sharded_state(gpt), str(directory / MEGATRON_DIR))
+        state = dist_checkpointing.load(_sharded_state(gpt), str(directory / MEGATRON_CHECKPOINT))
         missing, unexpected = gpt.load_state_dict(state, strict=False)
         wanted = [k for k in missing if not k.endswith("_extra_state")]
         if wanted or unexpected:
-            raise CheckpointError(f"{directory / MEGATRON_DIR}: does not fit this model (missing {wanted[:3]}, "
+            raise CheckpointError(f"{directory / MEGATRON_CHECKPOINT}: does not fit this model (missing {wanted[:3]}, "
                                   f"unexpected {list(unexpected)[:3]})")
 
 
 def has_megatron(directory: Path) -> bool:
-    return (Path(directory) / MEGATRON_DIR / "metadata.json").is_file()
+    return (Path(directory) / MEGATRON_CHECKPOINT / "metadata.json").is_file()
 
 
 def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], optimizer: dict[str, Any],
