@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64], help="millions of elements")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native pass: "
+          f"{kernels.native().instruction_set()}")
     print("G elements/s; ratio: to an fp32 torch.sum of the same length")
     print(f"{'dtype':>9} {'elements':>9} {'copy GB/s':>10} {'sum':>6} | {'native':>6} {'ratio':>6} | "
           f"{'compiled':>8} {'ratio':>6} | {'eager':>6} {'ratio':>6} | same fingerprint | threads agree")

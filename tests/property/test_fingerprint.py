@@ -11,7 +11,9 @@ from hypothesis.extra.numpy import arrays
 from workbench.recorder import kernels
 from workbench.recorder.placement import Placement
 from workbench.statistics import (
+    PRECISION_LIMITS,
     STAT_NAMES,
+    assemble,
     combine_fingerprints,
     fingerprint_reference,
     merge_stats,
@@ -118,7 +120,38 @@ def test_kernel_statistics_match_the_reference(values: np.ndarray) -> None:
     x = torch.from_numpy(values)
     sums, maxes, _ = kernels.partial_stats(x, kernels.identity_coords(x.shape), 1.1754943508222875e-38,
                                            3.3895313892515355e38)
-    from workbench.statistics import assemble
-
     got = assemble(sums.numpy(), maxes.numpy())
     np.testing.assert_allclose(got, stats_reference(values, "bf16"), rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_native_kernel_on_any_piece_of_a_full_tensor_in_any_dimension_order(data: st.DataObject) -> None:
+    # A piece of a full tensor (a shard, a micro-batch) whose local dimensions are the full ones in
+    # some order: its native fingerprint keys every element by its full index, like the reference.
+    ndim = data.draw(st.integers(1, 3))
+    full = [data.draw(st.integers(1, 24)) for _ in range(ndim - 1)] + [data.draw(st.sampled_from([1, 9, 40, 70_001]))]
+    starts = [data.draw(st.integers(0, n - 1)) for n in full]
+    sizes = [data.draw(st.integers(1, n - s)) for n, s in zip(full, starts)]
+    order = data.draw(st.permutations(range(ndim)))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    piece = (torch.randn(sizes, generator=generator) * 30).to(dtype)              # in full-dimension order
+    for position, value in data.draw(st.lists(st.tuples(st.integers(0, 10**6), special), max_size=4)):
+        piece.view(-1)[position % piece.numel()] = value
+    local = piece.permute(*order).contiguous()                                     # [sizes[order[k]] ...]
+    strides = np.cumprod([1, *full[::-1]])[:-1][::-1]
+    coords = kernels.coords_tensor([[starts[d], int(strides[d])] for d in order])
+    acc, lanes = kernels.new_accumulators(local.device)
+    kernels.accumulate(local, coords, *PRECISION_LIMITS["fp16"], acc, lanes)
+
+    index = np.ravel_multi_index(np.meshgrid(*[np.arange(s) + o for s, o in zip(sizes, starts)], indexing="ij"),
+                                 full).reshape(-1)
+    bits = piece.view(torch.int16 if piece.element_size() == 2 else torch.int32).numpy()
+    assert pack_fingerprint(*(lanes & 0xFFFFFFFF).tolist()) == fingerprint_reference(bits, index)
+    expected = stats_reference(piece.float().numpy(), "fp16")
+    got = assemble(acc[:8].numpy(), acc[8:].numpy())
+    exact = [STAT_NAMES.index(n) for n in ("count", "min", "max", "absmax", "nan", "inf", "zero", "underflow",
+                                             "overflow")]
+    np.testing.assert_array_equal(got[exact], expected[exact])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-3, equal_nan=True)

@@ -115,21 +115,28 @@ def partial_stats(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: f
     return (fn or _partial)(x, coords, tiny, largest)
 
 
+ISAS = ("native", "avx2", "scalar")
+"""Builds of the native kernel: for this machine's vector units (what the recorder uses), or held
+to AVX2 or to scalar code (the tests compare each path this machine can run with the others)."""
+_ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"], "scalar": ["-mno-avx2", "-mno-avx512f"]}
+
+
 @functools.cache
-def native() -> Any:
-    """The C++ kernel module (``accumulate``), built on first use and cached per machine."""
+def native(isa: str = "native") -> Any:
+    """The C++ kernel module (``accumulate``, ``accumulate_many``, ``accumulate_differences``), built on
+    first use and cached per machine; ``isa`` holds the build to fewer vector instructions (``ISAS``)."""
     from torch.utils import cpp_extension
 
     source = Path(__file__).with_name("native_stats.cpp")
     # -march=native: the build is only valid on this kind of CPU, so its name says which.
     flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() \
         else os.uname().machine
-    key = hashlib.sha256(source.read_bytes() + flags.encode() + torch.__version__.encode()).hexdigest()[:12]
+    key = hashlib.sha256(source.read_bytes() + flags.encode() + torch.__version__.encode() + isa.encode()).hexdigest()
     # cpp_extension runs `ninja` from PATH; the one pip installed sits beside this Python.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return cpp_extension.load(name=f"workbench_stats_{key}", sources=[str(source)],
-                              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                              verbose=False)
+    return cpp_extension.load(name=f"workbench_stats_{key[:12]}", sources=[str(source)],
+                              extra_cflags=["-O3", "-march=native", *_ISA_FLAGS[isa], "-fopenmp"],
+                              extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def new_accumulators(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +180,25 @@ def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     for x, c, a, lane in items:
         if not (fused and x.device.type == "cpu"):
             accumulate(x, c, tiny, largest, a, lane, fused=fused)
+
+
+def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+                           tiny: float, largest: float, *, fused: bool = True) -> None:
+    """``accumulate`` of ``float32(x) - float32(before)`` for each (x, before, coords, acc, lanes) of
+    ``items`` (an optimizer step's update). On the CPU one native call reads both tensors and never
+    materialises the difference; elsewhere (and for float64) the difference is taken in torch. Both
+    give the float32 tensor the subtraction gives, so the same fingerprint."""
+    native_items, others = [], []
+    for x, before, c, a, lane in items:
+        if fused and x.device.type == "cpu" and x.dtype != torch.float64 and x.dtype == before.dtype:
+            native_items.append((x.detach().contiguous(), before.contiguous(), c, a, lane))
+        else:
+            others.append((x.detach().float() - before.float(), c, a, lane))
+    if native_items:
+        xs, befores, coords, accs, lanes = (list(column) for column in zip(*native_items))
+        native().accumulate_differences(xs, befores, coords, tiny, largest, accs, lanes)
+    if others:
+        accumulate_many(others, tiny, largest, fused=fused)
 
 
 def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:

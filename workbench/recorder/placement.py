@@ -27,6 +27,14 @@ class Placement:
     """Offset of the local piece along each local dimension, in the full dimension it maps to."""
     contributes: bool = True
 
+    def __hash__(self) -> int:
+        # the recorder looks placements up at every micro-batch: hash the fields once
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.full_shape, self.dims, self.offsets, self.contributes))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def full_strides(self) -> tuple[int, ...]:
         strides, stride = [], 1
         for size in reversed(self.full_shape):

@@ -77,11 +77,17 @@ def site_matcher(sites: SiteFilter) -> Callable[[str], bool]:
 
 
 def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Adds the wall time of a recorder method to the recorder's time for the step."""
+    """Adds the wall time of a recorder method to the recorder's time for the step.
+
+    The recorder's own torch calls skip torch-function modes: a mode in Python (the CPU
+    runner's device mapping) costs microseconds per call, and the recorder makes thousands
+    a step, none of which a mode should change.
+    """
     def wrapper(self: Recorder, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
-            return fn(self, *args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return fn(self, *args, **kwargs)
         finally:
             self._seconds += time.perf_counter() - start
     return wrapper
@@ -164,6 +170,7 @@ class Recorder:
         self._kinds = set(self.record.kinds)
         self._fused = self.record.compile
         self._coords: dict[tuple[Placement, torch.device], torch.Tensor] = {}
+        self._activation_placements: dict[tuple[Any, ...], Placement] = {}
         self._tiny, self._largest = PRECISION_LIMITS[precision]
         self._rows = {step: row for row, step in enumerate(self.record.recorded_steps(total_steps))}
         self._params = parameter_targets(self._chunks, self._ranks)
@@ -174,6 +181,8 @@ class Recorder:
         self._seq_length = 0
         self._sequence_parallel = any(getattr(getattr(m, "config", None), "sequence_parallel", False)
                                       for c in self._chunks for m in (c, unwrap(c)))
+        self._before: dict[str, torch.Tensor] = {}
+        """Each ``update`` site's parameter as the step began (buffers reused at every recorded step)."""
         self._registry: list[str] | None = None
         self._index: dict[str, int] = {}
         self._pending: list[_PendingStep] = []
@@ -291,10 +300,14 @@ class Recorder:
         tensor = first_tensor(output)
         if self._state is None or tensor is None or tensor.ndim < 2:
             return
-        global_batch = self._global_batch or tensor.shape[1]
-        placement = activation_placement(tuple(tensor.shape), sample_offset=self._offset, global_batch=global_batch,
-                                         feature_shard=(self._ranks.tp_rank, self._ranks.tp_size) if sharded else None,
-                                         tp_rank=self._ranks.tp_rank, seq_shard=self._seq_shard(tensor.shape[0]))
+        # the same few placements recur at every step: one per site and micro-batch
+        key = (name, tensor.shape, self._offset, self._seq_length)
+        placement = self._activation_placements.get(key)
+        if placement is None:
+            placement = self._activation_placements[key] = activation_placement(
+                tuple(tensor.shape), sample_offset=self._offset, global_batch=self._global_batch or tensor.shape[1],
+                feature_shard=(self._ranks.tp_rank, self._ranks.tp_size) if sharded else None,
+                tp_rank=self._ranks.tp_rank, seq_shard=self._seq_shard(tensor.shape[0]))
         if "act" in self._kinds:
             self._record("act", name, tensor, placement)
         if "act_grad" in self._kinds and tensor.requires_grad:
@@ -366,7 +379,12 @@ class Recorder:
         return site
 
     def _record(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
-        self._record_many([(kind, name, tensor, placement)])
+        """Record one tensor (an activation or its gradient: hundreds of calls a step, so no batching)."""
+        slot = self._slot(kind, name, placement, tensor)
+        if slot is not None:
+            site, coords, acc, lanes = slot
+            self._snapshot(kind, name, site, tensor, placement)
+            kernels.accumulate(tensor, coords, self._tiny, self._largest, acc, lanes, fused=self._fused)
 
     @_timed
     def _record_timed(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
@@ -374,14 +392,19 @@ class Recorder:
 
     def _record_many(self, entries: list[tuple[str, str, torch.Tensor, Placement]]) -> None:
         """Record each (kind, name, tensor, placement): the statistics of all of them in one kernel call."""
-        items = [item for entry in entries if (item := self._prepare(*entry)) is not None]
+        items = []
+        for kind, name, tensor, placement in entries:
+            slot = self._slot(kind, name, placement, tensor)
+            if slot is not None:
+                self._snapshot(kind, name, slot[0], tensor, placement)
+                items.append((tensor, *slot[1:]))
         if items:
             kernels.accumulate_many(items, self._tiny, self._largest, fused=self._fused)
 
-    def _prepare(self, kind: str, name: str, tensor: torch.Tensor,
-                 placement: Placement) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """(tensor, coords, acc, lanes) for the kernel if the site is recorded here; takes its snapshot."""
-        site = self._register(kind, name, placement, tensor.dtype)
+    def _slot(self, kind: str, name: str, placement: Placement, tensor: torch.Tensor,
+              dtype: torch.dtype | None = None) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(site, coords, acc, lanes) for the kernel if the site is recorded here, else None."""
+        site = self._register(kind, name, placement, dtype or tensor.dtype)
         if site is None or not placement.contributes:
             return None
         assert self._state is not None
@@ -392,17 +415,25 @@ class Recorder:
         acc = self._state.acc.get(site)
         if acc is None:  # first micro-batch of this site in this step; later ones add in
             acc = self._state.acc[site] = self._state.new_accumulator(tensor.device)
-        if self._step in self.record.snapshot_steps and self._snapshot_wanted(site):
-            # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
-            # before the writer thread reads it.
-            dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-            values = placement.to_full_order(tensor.detach()).to("cpu", dtype, copy=True)
-            local_shape = tuple(tensor.shape)
-            self._state.snapshots.append(_Snapshot(
-                layout.snapshot_path(self._step, kind, name), placement.full_shape,
-                placement.chunk_shape(local_shape), placement.region(local_shape), values.numpy(),
-                str(tensor.dtype).removeprefix("torch.")))
-        return tensor, coords, acc.acc, acc.lanes
+        return site, coords, acc.acc, acc.lanes
+
+    def _snapshot_due(self, site: str) -> bool:
+        return self._step in self.record.snapshot_steps and self._snapshot_wanted(site)
+
+    def _snapshot(self, kind: str, name: str, site: str, tensor: torch.Tensor, placement: Placement) -> None:
+        """Keep a copy of ``tensor`` for the store if this step snapshots ``site``."""
+        if not self._snapshot_due(site):
+            return
+        assert self._state is not None
+        # copy=True: a CPU fp32 tensor would otherwise be shared, and the optimizer changes it
+        # before the writer thread reads it.
+        dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+        values = placement.to_full_order(tensor.detach()).to("cpu", dtype, copy=True)
+        local_shape = tuple(tensor.shape)
+        self._state.snapshots.append(_Snapshot(
+            layout.snapshot_path(self._step, kind, name), placement.full_shape,
+            placement.chunk_shape(local_shape), placement.region(local_shape), values.numpy(),
+            str(tensor.dtype).removeprefix("torch.")))
 
     @_timed
     def step_begin(self, step: int) -> None:
@@ -414,10 +445,16 @@ class Recorder:
             return
         if "param" in self._kinds:
             self._record_many([("param", t.name, t.param, t.placement) for t in self._params])
-        for target in self._params:
-            if "update" in self._kinds and target.placement.contributes and self._wanted(site_id("update",
-                                                                                                   target.name)):
-                self._state.before[target.name] = target.param.detach().clone()
+        if "update" in self._kinds:
+            for target in self._params:
+                if target.placement.contributes and self._wanted(site_id("update", target.name)):
+                    # One buffer per parameter, kept between recorded steps: a copy into it costs a
+                    # third of a fresh clone (no allocation, no page faults).
+                    before = self._before.get(target.name)
+                    if before is None:
+                        before = self._before[target.name] = torch.empty_like(target.param, requires_grad=False)
+                    before.copy_(target.param.detach())
+                    self._state.before[target.name] = before
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -449,14 +486,31 @@ class Recorder:
             if "exp_avg_sq" in self._kinds:
                 self._record_many([("exp_avg_sq", t.name, avg_sq, t.placement) for t, _, avg_sq in moments])
         if "update" in self._kinds:
-            updates = []
-            for target in self._params:
-                before = state.before.get(target.name)
-                self._register("update", target.name, target.placement, torch.float32)  # in parameter order
-                if before is not None:
-                    update = target.param.detach().float() - before.float()
-                    updates.append(("update", target.name, update, target.placement))
-            self._record_many(updates)
+            self._record_updates(state)
+
+    def _record_updates(self, state: _StepState) -> None:
+        """The ``update`` sites: each parameter minus its copy from the start of the step, taken element by
+        element inside the statistics pass (materialised only for a snapshot)."""
+        differences, materialised = [], []
+        for target in self._params:
+            self._register("update", target.name, target.placement, torch.float32)  # in parameter order
+            before = state.before.get(target.name)
+            if before is None:
+                continue
+            slot = self._slot("update", target.name, target.placement, target.param, torch.float32)
+            if slot is None:
+                continue
+            site, coords, acc, lanes = slot
+            after = target.param.detach()
+            if self._snapshot_due(site):
+                update = after.float() - before.float()
+                self._snapshot("update", target.name, site, update, target.placement)
+                materialised.append((update, coords, acc, lanes))
+            else:
+                differences.append((after, before, coords, acc, lanes))
+        kernels.accumulate_differences(differences, self._tiny, self._largest, fused=self._fused)
+        if materialised:
+            kernels.accumulate_many(materialised, self._tiny, self._largest, fused=self._fused)
 
     def _finish(self, step: int, state: _StepState) -> None:
         if self._registry is None:
