@@ -1,14 +1,16 @@
 """Recorder overhead as a function of model size, measured side by side in one run per model.
 
-    python benchmarks/recorder_overhead.py [--steps 30] [--models L4H128 L4H256 L4H512 L4H1024 L8H512]
+    python benchmarks/recorder_overhead.py [--steps 40] [--models L4H128 L4H256 L4H512 L4H1024 L8H512]
                                            [--compile/--no-compile]
 
 For each model (4 layers at hidden 128 / 256 / 512 / 1024 and 8 layers at hidden 512; seq
 128, global batch 16, micro-batch 4, TP=1 on the CPU runner) one run records every kind of
 site on every second step, so recorded and unrecorded steps alternate within the same run,
-on the same machine state. Prints per model: the median step time of each, their ratio (the
-overhead of recording every step), the overhead of recording every 10th step implied by
-those medians ((t_on + 9 t_off) / (10 t_off)), the recorder's own time, and beside it the
+on the same machine state; an unrecorded step runs without the recorder's module hooks. Prints
+per model: the median step time of each, the median ratio of a recorded step to the mean of
+the unrecorded steps either side of it (the overhead of recording every step; robust to a
+machine whose speed drifts during the run), the overhead of recording every 10th step implied
+by it ((ratio + 9) / 10), the recorder's own time, and beside it the
 bound set by the bytes the recorder reads per recorded step (every site's tensor once)
 divided by the statistics pass's read rate on a 16 M-element fp32 tensor measured in the
 same process. Also the bytes the ``sites`` group takes per site per recorded step.
@@ -60,9 +62,14 @@ def measure(model: str, steps: int, compile_: bool, out: Path, rate: float) -> s
                                "micro_batch_size": 4, "model": spec, "record": {"every": 2, "compile": compile_}})
     run = open_run(launch(cfg, out / cfg.name, overwrite=True))
     scalars = run.scalars.iloc[4:]  # skip warm-up (the first calls build the kernel)
-    recorded = scalars.index % 2 == 0
-    t_on = float(np.median(scalars.step_time[recorded]))
-    t_off = float(np.median(scalars.step_time[~recorded]))
+    times = scalars.step_time.to_numpy(dtype=float)
+    recorded = (scalars.index % 2 == 0)
+    t_on = float(np.median(times[recorded]))
+    t_off = float(np.median(times[~recorded]))
+    # each recorded step against the mean of the unrecorded steps either side of it: a machine whose
+    # speed drifts during the run (other work on the host) moves both alike
+    inner = np.flatnonzero(recorded[1:-1]) + 1
+    ratio = float(np.median(times[inner] / ((times[inner - 1] + times[inner + 1]) / 2)))
     own = float(np.median(scalars.recorder_time[recorded]))
     sites = run.site_table()
     read = float(sum(int(n) * _BYTES.get(str(d), 4) for n, d in zip(sites.numel, sites.dtype)))
@@ -70,14 +77,14 @@ def measure(model: str, steps: int, compile_: bool, out: Path, rate: float) -> s
     group = run.paths.store / layout.SITES_GROUP
     data_bytes = directory_bytes(group / layout.STATS_ARRAY) + directory_bytes(group / layout.FINGERPRINT_ARRAY)
     per_site = data_bytes / (len(sites) * run.recorded_steps_completed)
-    return (f"{model:>8} {len(sites):>6} {t_off:9.4f} {t_on:9.4f} {t_on / t_off:8.3f}x "
-            f"{(t_on + 9 * t_off) / (10 * t_off):9.3f}x {own:9.4f} {read / 2**20:9.1f} {bound:9.4f} "
+    return (f"{model:>8} {len(sites):>6} {t_off:9.4f} {t_on:9.4f} {ratio:8.3f}x "
+            f"{(ratio + 9) / 10:9.3f}x {own:9.4f} {read / 2**20:9.1f} {bound:9.4f} "
             f"{(t_off + bound) / t_off:8.3f}x {per_site:7.1f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", nargs="+", default=["L4H128", "L4H256", "L4H512", "L4H1024", "L8H512"])
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None)

@@ -22,8 +22,10 @@ they happen within a step, which is the first key of a site's execution order.
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 _WRAPPER_PREFIX = "module."
 _LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=\.|$)")
@@ -48,6 +50,19 @@ PARAMETER_KINDS = frozenset({"param", "grad_local", "grad", "exp_avg", "exp_avg_
 
 def site_id(kind: str, name: str) -> str:
     return f"{kind}:{name}"
+
+
+SiteFilter = str | Sequence[str] | Callable[[str], bool]
+"""Which sites to take: a glob (``"act:layers.*"``), a list of globs, or a predicate over site ids."""
+
+
+def site_matcher(sites: SiteFilter) -> Callable[[str], bool]:
+    """A predicate over site ids from a glob, a list of globs, or a predicate."""
+    if callable(sites):
+        return sites
+    patterns = [sites] if isinstance(sites, str) else list(sites)
+    # cached: the recorder asks about the same few hundred sites at every micro-batch
+    return functools.cache(lambda site: any(fnmatch.fnmatchcase(site, p) for p in patterns))
 
 
 def split_site(site: str) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from workbench.runner import cpu_compat
 cpu_compat.install()
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-from workbench.config import RunConfig
+from workbench.config import RecordConfig, RunConfig
 from workbench.manifest import new_manifest
 from workbench.recorder import Recorder
 from workbench.runner.model import build_model
@@ -26,17 +26,20 @@ model_parallel_cuda_manual_seed(0)
 cfg = RunConfig.from_dict({"name": "api", "steps": 2, "model": {"num_layers": 1, "hidden_size": 32,
                            "num_attention_heads": 2, "vocab_size": 64, "seq_length": 8}})
 built = build_model(cfg, torch.device("cpu"))
-create_store(__import__("pathlib").Path(run_dir), new_manifest(cfg), cfg.steps)
+create_store(__import__("pathlib").Path(run_dir), new_manifest(cfg), 3)
 optimizer = torch.optim.AdamW(built.ddp.parameters(), lr=1e-3)
 before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules())
 finalize = built.config.finalize_model_grads_func
 
 # --- the few lines a user adds to their own loop ---
-recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=2, optimizer=optimizer, global_batch_size=2)
+recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=3, optimizer=optimizer, global_batch_size=2,
+                    record=RecordConfig(every=2))
 tokens = torch.randint(0, 64, (2, 9))
 mask = torch.ones(8, 8, dtype=torch.bool).triu(1)[None, None]
-for step in range(2):
+hooks = []
+for step in range(3):
     recorder.step_begin(step)
+    hooks.append(sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules()))
     built.ddp.zero_grad_buffer()
     recorder.microbatch(0)
     loss = built.ddp(tokens[:, :-1], torch.arange(8)[None].expand(2, 8), mask, labels=tokens[:, 1:]).mean()
@@ -51,11 +54,12 @@ recorder.close()
 
 after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules())
 assert after == before, (before, after)
+assert hooks[0] > before and hooks[1] == before and hooks[2] == hooks[0], hooks  # none on the unrecorded step
 assert built.config.finalize_model_grads_func is finalize
 table = open_run(run_dir).site_table()
 kinds = set(table["kind"])
 assert {"param", "act", "act_grad", "grad", "exp_avg", "exp_avg_sq", "update", "loss"} <= kinds, kinds
-assert open_run(run_dir).recorded_steps_completed == 2
+assert open_run(run_dir).recorded_steps_completed == 2  # steps 0 and 2
 print("ok", len(table))
 '''
 

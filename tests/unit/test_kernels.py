@@ -75,6 +75,23 @@ def test_a_difference_is_read_as_the_float32_tensor_the_subtraction_gives(dtype:
         torch.testing.assert_close(fused_acc[1:3], plain_acc[1:3], rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_pass_that_copies_gives_the_plain_statistics_and_an_exact_copy(dtype: torch.dtype, isa: str) -> None:
+    generator = torch.Generator().manual_seed(4)
+    for shape, offsets in SHAPES:
+        x = (torch.randn(shape, generator=generator) * 7).to(dtype)
+        x.view(-1)[1] = float("nan")
+        coords = kernels.coords_tensor(offsets) if offsets else kernels.identity_coords(x.shape)
+        copy = torch.full_like(x, 123.0)
+        copied_acc, copied_lanes = kernels.new_accumulators(x.device)
+        kernels.native(isa).accumulate_copies([x], [copy], [coords], 1e-3, 50.0, [copied_acc], [copied_lanes])
+        plain_acc, plain_lanes = kernels.new_accumulators(x.device)
+        kernels.native(isa).accumulate(x, coords, 1e-3, 50.0, plain_acc, plain_lanes)
+        assert torch.equal(copy.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                           x.view(torch.int16 if x.element_size() == 2 else torch.int32)), f"{dtype} {shape}"
+        assert torch.equal(copied_acc, plain_acc) and torch.equal(copied_lanes, plain_lanes)
+
+
 def test_differences_of_float64_tensors_and_of_the_eager_path_are_taken_in_torch() -> None:
     before = torch.randn(40, dtype=torch.float64)
     after = before + 1e-3

@@ -4,7 +4,8 @@
     from workbench.recorder import Recorder     # the hooks alone, into a store made elsewhere
 """
 
-from workbench.recorder.recorder import Recorder, site_matcher
+from workbench.recorder.recorder import Recorder
 from workbench.recorder.session import TrainingRun, record
+from workbench.sites import site_matcher
 
 __all__ = ["Recorder", "TrainingRun", "record", "site_matcher"]

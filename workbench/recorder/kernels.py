@@ -128,10 +128,11 @@ def native(isa: str = "native") -> Any:
     from torch.utils import cpp_extension
 
     source = Path(__file__).with_name("native_stats.cpp")
+    code = b"".join(p.read_bytes() for p in (source, *sorted(source.parent.glob("native_*.h"))))
     # -march=native: the build is only valid on this kind of CPU, so its name says which.
     flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() \
         else os.uname().machine
-    key = hashlib.sha256(source.read_bytes() + flags.encode() + torch.__version__.encode() + isa.encode()).hexdigest()
+    key = hashlib.sha256(code + flags.encode() + torch.__version__.encode() + isa.encode()).hexdigest()
     # cpp_extension runs `ninja` from PATH; the one pip installed sits beside this Python.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return cpp_extension.load(name=f"workbench_stats_{key[:12]}", sources=[str(source)],
@@ -199,6 +200,23 @@ def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.T
         native().accumulate_differences(xs, befores, coords, tiny, largest, accs, lanes)
     if others:
         accumulate_many(others, tiny, largest, fused=fused)
+
+
+def accumulate_copies(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+                      tiny: float, largest: float, *, fused: bool = True) -> None:
+    """``accumulate`` for each (x, copy, coords, acc, lanes) of ``items``, also copying x into ``copy``: on the
+    CPU in the same native pass (one read of x), elsewhere (and for float64) with ``copy_``."""
+    native_items = []
+    for x, copy, c, a, lane in items:
+        if fused and x.device.type == "cpu" and x.dtype != torch.float64 and x.is_contiguous() \
+                and copy.is_contiguous():
+            native_items.append((x.detach(), copy, c, a, lane))
+        else:
+            copy.copy_(x.detach())
+            accumulate(x, c, tiny, largest, a, lane, fused=fused)
+    if native_items:
+        xs, copies, coords, accs, lanes = (list(column) for column in zip(*native_items))
+        native().accumulate_copies(xs, copies, coords, tiny, largest, accs, lanes)
 
 
 def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:

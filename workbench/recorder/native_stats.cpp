@@ -19,6 +19,8 @@
 // ``accumulate_differences`` reads two tensors and takes the statistics of float32(a) -
 // float32(b), element by element, without materialising it: exactly the float32 tensor the
 // subtraction would give (IEEE subtraction is correctly rounded), so the same fingerprint.
+// ``accumulate_copies`` copies each tensor into another as it reads it (a parameter's statistics
+// and its start-of-step copy in one read).
 // Only what the kernel needs (torch/extension.h would triple the build time).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -137,6 +139,20 @@ struct Plain {
   }
 };
 
+// The elements of a tensor, each also copied into ``copy`` as it is read.
+template <typename T>
+struct Copying {
+  const T* data;
+  T* copy;
+
+  inline void prefetch(int64_t j) const { __builtin_prefetch(reinterpret_cast<const char*>(data + j) + kAhead); }
+
+  inline void scalar(int64_t j, float& value, uint32_t& word) const {
+    copy[j] = data[j];
+    Plain<T>{data}.scalar(j, value, word);
+  }
+};
+
 // float32(a[j]) - float32(b[j]): the lanes read the difference's bits.
 template <typename T>
 struct Difference {
@@ -154,317 +170,12 @@ struct Difference {
   }
 };
 
-#ifdef WORKBENCH_AVX512
-// -- 16 elements at a time -------------------------------------------------------------------
+#if defined(WORKBENCH_AVX512)
+#include "native_avx512.h"
+#elif defined(WORKBENCH_AVX2)
+#include "native_avx2.h"
+#endif
 
-template <typename T>
-inline __m512 load16_float(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // bf16 is the top half of a float
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  } else {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-}
-
-template <typename T>
-inline void load16(const Plain<T>& s, int64_t j, __m512& values, __m512i& words) {
-  if constexpr (std::is_same_v<T, float>) {
-    values = _mm512_loadu_ps(s.data + j);
-    words = _mm512_castps_si512(values);
-  } else {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.data + j));
-    words = _mm512_cvtepu16_epi32(half);
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      values = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
-    } else {
-      values = _mm512_cvtph_ps(half);
-    }
-  }
-}
-
-template <typename T>
-inline void load16(const Difference<T>& s, int64_t j, __m512& values, __m512i& words) {
-  values = _mm512_sub_ps(load16_float(s.a + j), load16_float(s.b + j));
-  words = _mm512_castps_si512(values);
-}
-
-inline __m512i mix_a16(__m512i v) {
-  v = _mm512_mullo_epi32(_mm512_xor_si512(v, _mm512_srli_epi32(v, 16)), _mm512_set1_epi32(static_cast<int>(kMixA)));
-  return _mm512_xor_si512(v, _mm512_srli_epi32(v, 13));
-}
-
-inline __m512i mix_b16(__m512i v) {
-  v = _mm512_mullo_epi32(_mm512_xor_si512(v, _mm512_srli_epi32(v, 15)), _mm512_set1_epi32(static_cast<int>(kMixB)));
-  return _mm512_xor_si512(v, _mm512_srli_epi32(v, 16));
-}
-
-inline double sum16(__m512 v) {
-  return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
-                                            _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))));
-}
-
-// The accumulators of one chunk, sixteen vector lanes each.
-struct Vector {
-  static constexpr int64_t kWidth = 16;
-  __m512 sum = _mm512_setzero_ps(), sum_sq = _mm512_setzero_ps();
-  __m512d sum_lo = _mm512_setzero_pd(), sum_hi = sum_lo, sq_lo = sum_lo, sq_hi = sum_lo;
-  __m512 mx = _mm512_set1_ps(-INFINITY), mn = _mm512_set1_ps(INFINITY);
-  __m512i nonfinite = _mm512_setzero_si512(), nan = nonfinite, zero = nonfinite, small = nonfinite,
-          over = nonfinite, la = nonfinite, lb = nonfinite;
-  __m512i ia = nonfinite, ib = nonfinite, da = nonfinite, db = nonfinite;
-  __m512 tiny, largest;
-  int64_t since_promote = 0;
-
-  Vector(float tiny_, float largest_) : tiny(_mm512_set1_ps(tiny_)), largest(_mm512_set1_ps(largest_)) {}
-
-  // Start a run of elements whose full indices are base, base + step, ...
-  inline void start(uint32_t base, uint32_t step) {
-    const __m512i index = _mm512_add_epi32(
-        _mm512_set1_epi32(static_cast<int>(base)),
-        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                           _mm512_set1_epi32(static_cast<int>(step))));
-    ia = _mm512_mullo_epi32(index, _mm512_set1_epi32(static_cast<int>(kIndexA)));
-    ib = _mm512_mullo_epi32(index, _mm512_set1_epi32(static_cast<int>(kIndexB)));
-    da = _mm512_set1_epi32(static_cast<int>(16u * step * kIndexA));
-    db = _mm512_set1_epi32(static_cast<int>(16u * step * kIndexB));
-  }
-
-  inline void add(__m512 v, __m512i w) {
-    const __m512i one = _mm512_set1_epi32(1);
-    la = _mm512_add_epi32(la, mix_a16(_mm512_xor_si512(w, ia)));
-    lb = _mm512_add_epi32(lb, mix_b16(_mm512_xor_si512(w, ib)));
-    ia = _mm512_add_epi32(ia, da);
-    ib = _mm512_add_epi32(ib, db);
-    const __m512 mag = _mm512_abs_ps(v);
-    zero = _mm512_mask_add_epi32(zero, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_EQ_OQ), zero, one);
-    small = _mm512_mask_add_epi32(small, _mm512_cmp_ps_mask(mag, tiny, _CMP_LT_OQ), small, one);  // zeros too
-    over = _mm512_mask_add_epi32(over, _mm512_cmp_ps_mask(mag, largest, _CMP_GT_OQ), over, one);  // Inf too
-    const __mmask16 moderate = _mm512_cmp_ps_mask(mag, _mm512_set1_ps(kModerate), _CMP_LT_OQ);  // not NaN or Inf
-    if (__builtin_expect(_kortestc_mask16_u8(moderate, moderate), 1)) {
-      sum = _mm512_add_ps(sum, v);
-      sum_sq = _mm512_fmadd_ps(v, v, sum_sq);
-      mx = _mm512_max_ps(mx, v);
-      mn = _mm512_min_ps(mn, v);
-    } else {  // NaN, Inf, or a square float32 cannot hold: float64 for these sixteen
-      const __mmask16 bad = _mm512_fpclass_ps_mask(v, 0x99);  // QNaN | +Inf | -Inf | SNaN
-      const __mmask16 finite = _knot_mask16(bad);
-      const __mmask16 is_nan = _mm512_fpclass_ps_mask(v, 0x81);
-      nonfinite = _mm512_mask_add_epi32(nonfinite, bad, nonfinite, one);
-      nan = _mm512_mask_add_epi32(nan, is_nan, nan, one);
-      over = _mm512_mask_sub_epi32(over, _kandn_mask16(is_nan, bad), over, one);  // Inf was counted above
-      const __m512 f = _mm512_maskz_mov_ps(finite, v);
-      const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-      sum_lo = _mm512_add_pd(sum_lo, lo);
-      sum_hi = _mm512_add_pd(sum_hi, hi);
-      sq_lo = _mm512_fmadd_pd(lo, lo, sq_lo);
-      sq_hi = _mm512_fmadd_pd(hi, hi, sq_hi);
-      mx = _mm512_mask_max_ps(mx, finite, mx, v);
-      mn = _mm512_mask_min_ps(mn, finite, mn, v);
-    }
-    if (++since_promote == kAddsPerLane) promote();
-  }
-
-  inline void promote() {
-    sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(sum)));
-    sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(sum, 1)));
-    sq_lo = _mm512_add_pd(sq_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(sum_sq)));
-    sq_hi = _mm512_add_pd(sq_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(sum_sq, 1)));
-    sum = sum_sq = _mm512_setzero_ps();
-    since_promote = 0;
-  }
-
-  void fold_into(Partial& out) {
-    promote();
-    out.sum += _mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi));
-    out.sum_sq += _mm512_reduce_add_pd(_mm512_add_pd(sq_lo, sq_hi));
-    const int64_t nonfinite_n = _mm512_reduce_add_epi32(nonfinite), nan_n = _mm512_reduce_add_epi32(nan);
-    const int64_t zero_n = _mm512_reduce_add_epi32(zero);
-    out.nan += nan_n;
-    out.inf += nonfinite_n - nan_n;
-    out.zero += zero_n;
-    out.under += _mm512_reduce_add_epi32(small) - zero_n;
-    out.over += _mm512_reduce_add_epi32(over);
-    const double hi = _mm512_reduce_max_ps(mx), lo = _mm512_reduce_min_ps(mn);
-    out.max = std::max(out.max, hi);
-    out.neg_min = std::max(out.neg_min, -lo);
-    out.absmax = std::max(out.absmax, std::max(hi, -lo));  // over finite elements, max |x| = max(max, -min)
-    out.lane_a += static_cast<uint32_t>(_mm512_reduce_add_epi32(la));
-    out.lane_b += static_cast<uint32_t>(_mm512_reduce_add_epi32(lb));
-  }
-};
-
-template <typename Source>
-inline void load(const Source& s, int64_t j, __m512& values, __m512i& words) { load16(s, j, values, words); }
-#endif  // WORKBENCH_AVX512
-
-#ifdef WORKBENCH_AVX2
-// -- 8 elements at a time --------------------------------------------------------------------
-
-template <typename T>
-inline __m256 load8_float(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-}
-
-template <typename T>
-inline void load8(const Plain<T>& s, int64_t j, __m256& values, __m256i& words) {
-  if constexpr (std::is_same_v<T, float>) {
-    values = _mm256_loadu_ps(s.data + j);
-    words = _mm256_castps_si256(values);
-  } else {
-    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.data + j));
-    words = _mm256_cvtepu16_epi32(half);
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      values = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
-    } else {
-      values = _mm256_cvtph_ps(half);
-    }
-  }
-}
-
-template <typename T>
-inline void load8(const Difference<T>& s, int64_t j, __m256& values, __m256i& words) {
-  values = _mm256_sub_ps(load8_float(s.a + j), load8_float(s.b + j));
-  words = _mm256_castps_si256(values);
-}
-
-inline __m256i mix_a8(__m256i v) {
-  v = _mm256_mullo_epi32(_mm256_xor_si256(v, _mm256_srli_epi32(v, 16)), _mm256_set1_epi32(static_cast<int>(kMixA)));
-  return _mm256_xor_si256(v, _mm256_srli_epi32(v, 13));
-}
-
-inline __m256i mix_b8(__m256i v) {
-  v = _mm256_mullo_epi32(_mm256_xor_si256(v, _mm256_srli_epi32(v, 15)), _mm256_set1_epi32(static_cast<int>(kMixB)));
-  return _mm256_xor_si256(v, _mm256_srli_epi32(v, 16));
-}
-
-inline double sum4d(__m256d v) {
-  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-inline int64_t sum8i(__m256i v) {
-  alignas(32) int32_t c[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(c), v);
-  int64_t total = 0;
-  for (int k = 0; k < 8; ++k) total += c[k];
-  return total;
-}
-
-inline uint32_t sum8u(__m256i v) {
-  alignas(32) uint32_t c[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(c), v);
-  uint32_t total = 0;
-  for (int k = 0; k < 8; ++k) total += c[k];
-  return total;
-}
-
-// The accumulators of one chunk, eight vector lanes each. Counts are -1 per hit (compare masks).
-struct Vector {
-  static constexpr int64_t kWidth = 8;
-  __m256 sum = _mm256_setzero_ps(), sum_sq = _mm256_setzero_ps();
-  __m256d sum_lo = _mm256_setzero_pd(), sum_hi = sum_lo, sq_lo = sum_lo, sq_hi = sum_lo;
-  __m256 mx = _mm256_set1_ps(-INFINITY), mn = _mm256_set1_ps(INFINITY);
-  __m256i nonfinite = _mm256_setzero_si256(), nan = nonfinite, zero = nonfinite, small = nonfinite,
-          over = nonfinite, la = nonfinite, lb = nonfinite;
-  __m256i ia = nonfinite, ib = nonfinite, da = nonfinite, db = nonfinite;
-  __m256 tiny, largest;
-  int64_t since_promote = 0;
-
-  Vector(float tiny_, float largest_) : tiny(_mm256_set1_ps(tiny_)), largest(_mm256_set1_ps(largest_)) {}
-
-  inline void start(uint32_t base, uint32_t step) {
-    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
-                                           _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                              _mm256_set1_epi32(static_cast<int>(step))));
-    ia = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexA)));
-    ib = _mm256_mullo_epi32(index, _mm256_set1_epi32(static_cast<int>(kIndexB)));
-    da = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexA));
-    db = _mm256_set1_epi32(static_cast<int>(8u * step * kIndexB));
-  }
-
-  inline void add(__m256 v, __m256i w) {
-    la = _mm256_add_epi32(la, mix_a8(_mm256_xor_si256(w, ia)));
-    lb = _mm256_add_epi32(lb, mix_b8(_mm256_xor_si256(w, ib)));
-    ia = _mm256_add_epi32(ia, da);
-    ib = _mm256_add_epi32(ib, db);
-    const __m256 mag = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
-    zero = _mm256_add_epi32(zero, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
-    small = _mm256_add_epi32(small, _mm256_castps_si256(_mm256_cmp_ps(mag, tiny, _CMP_LT_OQ)));  // zeros too
-    over = _mm256_add_epi32(over, _mm256_castps_si256(_mm256_cmp_ps(mag, largest, _CMP_GT_OQ)));  // Inf too
-    const __m256 moderate = _mm256_cmp_ps(mag, _mm256_set1_ps(kModerate), _CMP_LT_OQ);  // not NaN or Inf
-    if (__builtin_expect(_mm256_movemask_ps(moderate) == 0xFF, 1)) {
-      sum = _mm256_add_ps(sum, v);
-      sum_sq = _mm256_fmadd_ps(v, v, sum_sq);
-      mx = _mm256_max_ps(mx, v);
-      mn = _mm256_min_ps(mn, v);
-    } else {  // NaN, Inf, or a square float32 cannot hold: float64 for these eight
-      const __m256i exponent = _mm256_set1_epi32(0x7F800000);
-      const __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exponent), exponent);
-      const __m256 bad_ps = _mm256_castsi256_ps(bad);
-      const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_castps_si256(mag), exponent);
-      nonfinite = _mm256_add_epi32(nonfinite, bad);
-      nan = _mm256_add_epi32(nan, is_nan);
-      over = _mm256_sub_epi32(over, _mm256_andnot_si256(is_nan, bad));  // Inf was counted above (as -1)
-      const __m256 f = _mm256_andnot_ps(bad_ps, v);  // non-finite -> 0
-      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
-      sum_lo = _mm256_add_pd(sum_lo, lo);
-      sum_hi = _mm256_add_pd(sum_hi, hi);
-      sq_lo = _mm256_fmadd_pd(lo, lo, sq_lo);
-      sq_hi = _mm256_fmadd_pd(hi, hi, sq_hi);
-      mx = _mm256_max_ps(mx, _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), bad_ps));
-      mn = _mm256_min_ps(mn, _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), bad_ps));
-    }
-    if (++since_promote == kAddsPerLane) promote();
-  }
-
-  inline void promote() {
-    sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sum)));
-    sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(sum, 1)));
-    sq_lo = _mm256_add_pd(sq_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sum_sq)));
-    sq_hi = _mm256_add_pd(sq_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(sum_sq, 1)));
-    sum = sum_sq = _mm256_setzero_ps();
-    since_promote = 0;
-  }
-
-  void fold_into(Partial& out) {
-    promote();
-    out.sum += sum4d(_mm256_add_pd(sum_lo, sum_hi));
-    out.sum_sq += sum4d(_mm256_add_pd(sq_lo, sq_hi));
-    const int64_t nonfinite_n = -sum8i(nonfinite), nan_n = -sum8i(nan), zero_n = -sum8i(zero);
-    out.nan += nan_n;
-    out.inf += nonfinite_n - nan_n;
-    out.zero += zero_n;
-    out.under += -sum8i(small) - zero_n;
-    out.over += -sum8i(over);
-    alignas(32) float hi8[8], lo8[8];
-    _mm256_store_ps(hi8, mx);
-    _mm256_store_ps(lo8, mn);
-    double hi = kNegInf, lo = -kNegInf;
-    for (int k = 0; k < 8; ++k) {
-      hi = std::max(hi, static_cast<double>(hi8[k]));
-      lo = std::min(lo, static_cast<double>(lo8[k]));
-    }
-    out.max = std::max(out.max, hi);
-    out.neg_min = std::max(out.neg_min, -lo);
-    out.absmax = std::max(out.absmax, std::max(hi, -lo));  // over finite elements, max |x| = max(max, -min)
-    out.lane_a += sum8u(la);
-    out.lane_b += sum8u(lb);
-  }
-};
-
-template <typename Source>
-inline void load(const Source& s, int64_t j, __m256& values, __m256i& words) { load8(s, j, values, words); }
-#endif  // WORKBENCH_AVX2
 
 // -- runs of elements ------------------------------------------------------------------------
 
@@ -568,6 +279,13 @@ struct PlainAt {
 };
 
 template <typename T>
+struct CopyingAt {
+  const T* data;
+  T* copy;
+  Copying<T> shifted(int64_t i) const { return {data + i, copy + i}; }
+};
+
+template <typename T>
 struct DifferenceAt {
   const T* a;
   const T* b;
@@ -587,28 +305,30 @@ void range_of_doubles(const double* data, const Placement& at, int64_t begin, in
   }
 }
 
-// Flat elements [begin, end) of tensor x (minus ``y`` when it is defined), dispatched on dtype.
-void range_of(const at::Tensor& x, const at::Tensor& y, const Placement& at, int64_t begin, int64_t end,
+// What a pass does with a second tensor ``y``: nothing, subtract it, or copy x into it.
+enum class Mode { kPlain, kDifference, kCopy };
+
+template <typename T>
+void range_typed(const at::Tensor& x, const at::Tensor& y, Mode mode, const Placement& at, int64_t begin,
+                 int64_t end, double tiny, double largest, Partial& out) {
+  switch (mode) {
+    case Mode::kPlain: range(PlainAt<T>{x.data_ptr<T>()}, at, begin, end, tiny, largest, out); break;
+    case Mode::kDifference:
+      range(DifferenceAt<T>{x.data_ptr<T>(), y.data_ptr<T>()}, at, begin, end, tiny, largest, out);
+      break;
+    case Mode::kCopy: range(CopyingAt<T>{x.data_ptr<T>(), y.data_ptr<T>()}, at, begin, end, tiny, largest, out); break;
+  }
+}
+
+// Flat elements [begin, end) of tensor x (and y, by ``mode``), dispatched on dtype.
+void range_of(const at::Tensor& x, const at::Tensor& y, Mode mode, const Placement& at, int64_t begin, int64_t end,
               double tiny, double largest, Partial& out) {
-  const bool diff = y.defined();
   switch (x.scalar_type()) {
-    case at::kFloat:
-      if (diff) range(DifferenceAt<float>{x.data_ptr<float>(), y.data_ptr<float>()}, at, begin, end, tiny, largest,
-                      out);
-      else range(PlainAt<float>{x.data_ptr<float>()}, at, begin, end, tiny, largest, out);
-      break;
-    case at::kBFloat16:
-      if (diff) range(DifferenceAt<c10::BFloat16>{x.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>()}, at,
-                      begin, end, tiny, largest, out);
-      else range(PlainAt<c10::BFloat16>{x.data_ptr<c10::BFloat16>()}, at, begin, end, tiny, largest, out);
-      break;
-    case at::kHalf:
-      if (diff) range(DifferenceAt<c10::Half>{x.data_ptr<c10::Half>(), y.data_ptr<c10::Half>()}, at, begin, end,
-                      tiny, largest, out);
-      else range(PlainAt<c10::Half>{x.data_ptr<c10::Half>()}, at, begin, end, tiny, largest, out);
-      break;
+    case at::kFloat: range_typed<float>(x, y, mode, at, begin, end, tiny, largest, out); break;
+    case at::kBFloat16: range_typed<c10::BFloat16>(x, y, mode, at, begin, end, tiny, largest, out); break;
+    case at::kHalf: range_typed<c10::Half>(x, y, mode, at, begin, end, tiny, largest, out); break;
     case at::kDouble:
-      TORCH_CHECK(!diff, "differences of float64 tensors are taken in torch");
+      TORCH_CHECK(mode == Mode::kPlain, "float64 tensors are subtracted and copied in torch");
       range_of_doubles(x.data_ptr<double>(), at, begin, end, tiny, largest, out);
       break;
     default: TORCH_CHECK(false, "unsupported dtype for statistics: ", x.scalar_type());
@@ -618,7 +338,7 @@ void range_of(const at::Tensor& x, const at::Tensor& y, const Placement& at, int
 // Every tensor's statistics, with one parallel loop over the chunks of all of them: a list of
 // small tensors (a model's parameters, the segments of a gradient buffer) costs one call, and
 // each tensor's chunks are merged in order, so nothing depends on the thread count.
-std::vector<Partial> run(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys,
+std::vector<Partial> run(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys, Mode mode,
                          const std::vector<Placement>& ats, double tiny, double largest) {
   std::vector<std::pair<int64_t, int64_t>> units;  // (tensor, chunk)
   for (int64_t t = 0; t < static_cast<int64_t>(xs.size()); ++t) {
@@ -630,7 +350,7 @@ std::vector<Partial> run(const std::vector<at::Tensor>& xs, const std::vector<at
   at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) {
       const auto [t, c] = units[u];
-      range_of(xs[t], ys.empty() ? none : ys[t], ats[t], c * kChunk, std::min(xs[t].numel(), (c + 1) * kChunk),
+      range_of(xs[t], ys.empty() ? none : ys[t], mode, ats[t], c * kChunk, std::min(xs[t].numel(), (c + 1) * kChunk),
                tiny, largest, parts[u]);
     }
   });
@@ -683,24 +403,24 @@ void check_accumulators(const at::Tensor& acc, const at::Tensor& lanes) {
               "lanes must be int64[2]");
 }
 
-void accumulate_all(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys,
+void accumulate_all(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ys, Mode mode,
                     const std::vector<at::Tensor>& coords, double tiny, double largest,
                     const std::vector<at::Tensor>& accs, const std::vector<at::Tensor>& lanes) {
   TORCH_CHECK(xs.size() == coords.size() && xs.size() == accs.size() && xs.size() == lanes.size(),
               "one coords, acc and lanes per tensor");
-  TORCH_CHECK(ys.empty() || ys.size() == xs.size(), "one tensor to subtract per tensor");
+  TORCH_CHECK(ys.size() == (mode == Mode::kPlain ? 0 : xs.size()), "one second tensor per tensor");
   std::vector<Placement> ats;
   for (size_t k = 0; k < xs.size(); ++k) {
     check_tensor(xs[k]);
     if (!ys.empty()) {
       check_tensor(ys[k]);
       TORCH_CHECK(ys[k].sizes() == xs[k].sizes() && ys[k].scalar_type() == xs[k].scalar_type(),
-                  "a difference needs two tensors of one shape and dtype");
+                  "a difference or a copy needs two tensors of one shape and dtype");
     }
     check_accumulators(accs[k], lanes[k]);
     ats.push_back(placement_of(xs[k], coords[k]));
   }
-  const auto totals = run(xs, ys, ats, tiny, largest);
+  const auto totals = run(xs, ys, mode, ats, tiny, largest);
   for (size_t k = 0; k < xs.size(); ++k) {
     add_into(totals[k], xs[k].numel(), accs[k].data_ptr<double>(), lanes[k].data_ptr<int64_t>());
   }
@@ -708,20 +428,26 @@ void accumulate_all(const std::vector<at::Tensor>& xs, const std::vector<at::Ten
 
 void accumulate(at::Tensor x, at::Tensor coords, double tiny, double largest, at::Tensor acc,
                 at::Tensor lanes) {
-  accumulate_all({x}, {}, {coords}, tiny, largest, {acc}, {lanes});
+  accumulate_all({x}, {}, Mode::kPlain, {coords}, tiny, largest, {acc}, {lanes});
 }
 
 // Tensor k adds into accs[k] (float64 [11]) and lanes[k] (int64 [2]); several k may share accumulators.
 void accumulate_many(std::vector<at::Tensor> xs, std::vector<at::Tensor> coords, double tiny, double largest,
                      std::vector<at::Tensor> accs, std::vector<at::Tensor> lanes) {
-  accumulate_all(xs, {}, coords, tiny, largest, accs, lanes);
+  accumulate_all(xs, {}, Mode::kPlain, coords, tiny, largest, accs, lanes);
 }
 
 // The same for float32(xs[k]) - float32(ys[k]).
 void accumulate_differences(std::vector<at::Tensor> xs, std::vector<at::Tensor> ys,
                             std::vector<at::Tensor> coords, double tiny, double largest,
                             std::vector<at::Tensor> accs, std::vector<at::Tensor> lanes) {
-  accumulate_all(xs, ys, coords, tiny, largest, accs, lanes);
+  accumulate_all(xs, ys, Mode::kDifference, coords, tiny, largest, accs, lanes);
+}
+
+// The same as ``accumulate_many``, copying each xs[k] into copies[k] in the same pass.
+void accumulate_copies(std::vector<at::Tensor> xs, std::vector<at::Tensor> copies, std::vector<at::Tensor> coords,
+                       double tiny, double largest, std::vector<at::Tensor> accs, std::vector<at::Tensor> lanes) {
+  accumulate_all(xs, copies, Mode::kCopy, coords, tiny, largest, accs, lanes);
 }
 
 std::string instruction_set() {
@@ -741,5 +467,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("accumulate_many", &accumulate_many, "The same for a list of tensors, in one parallel pass");
   m.def("accumulate_differences", &accumulate_differences,
         "The same for the float32 differences of two lists of tensors, element by element");
+  m.def("accumulate_copies", &accumulate_copies,
+        "The same as accumulate_many, copying each tensor into a second list as it is read");
   m.def("instruction_set", &instruction_set, "The vector instructions this build uses: avx512, avx2 or scalar");
 }

@@ -44,8 +44,9 @@ from workbench import determinism
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
 from workbench.manifest import git_revision, library_versions
-from workbench.recorder.recorder import Recorder, SiteFilter, all_gather_objects
-from workbench.recorder.targets import unwrap
+from workbench.recorder.recorder import Recorder
+from workbench.recorder.targets import all_gather_objects, unwrap
+from workbench.sites import SiteFilter
 from workbench.store import layout
 from workbench.store.manifest import USER_LOOP, ModelSignature, ParallelLayout, RunManifest, manifest_fields
 from workbench.store.writer import ScalarWriter, create_store, now, set_status, update_manifest

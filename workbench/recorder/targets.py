@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from workbench.recorder.placement import Placement, parameter_placement
 from workbench.sites import canonical_name
@@ -47,6 +48,15 @@ class ParallelRanks:
                     expert_tp_rank=ps.get_expert_tensor_parallel_rank(),
                     expert_tp_size=ps.get_expert_tensor_parallel_world_size(),
                     expert_dp_rank=ps.get_expert_data_parallel_rank())
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (collective; ``[obj]`` without a process group)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:

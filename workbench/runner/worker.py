@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import itertools
 import math
 import os
@@ -82,6 +83,9 @@ class Trainer:
             self.model.chunks, run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
             precision=cfg.precision.value, global_batch_size=cfg.global_batch_size,
             flush_every=cfg.flush_every) if cfg.record.enabled else None
+        # The model, optimizer and Megatron's state are alive for the whole run: out of the collector's
+        # reach they are not traversed by every full collection (~10 % of a small model's step time).
+        gc.freeze()
 
     def _microbatches(self, step: int) -> Iterator[tuple[int, torch.Tensor]]:
         """(position of its first sample in the global batch, tokens [mbs, seq + 1]) per micro-batch."""

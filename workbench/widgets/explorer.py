@@ -14,7 +14,6 @@ time of the last update, for the latency benchmark.
 
 from __future__ import annotations
 
-import fnmatch
 import time
 from collections.abc import Callable
 from functools import partial
@@ -30,7 +29,7 @@ from workbench.errors import WorkbenchError
 from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
-from workbench.sites import SITE_KINDS, layer_of, split_site
+from workbench.sites import SITE_KINDS, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.widgets.common import ExportBar, Exported, open_workspace, show
 from workbench.workspace import Workspace, runs_dir
@@ -120,12 +119,13 @@ class DivergenceExplorer(widgets.VBox):
         """``sites`` passing the glob, kind and layer filters."""
         low, high = self.layers.value
         kinds = set(self.kinds.value)
+        matches = site_matcher(self.site_glob.value or "*")
         chosen = []
         for site in sites:
             kind, name = split_site(site)
             layer = layer_of(name)
             inside = self.outside_layers.value if layer is None else low <= layer <= high
-            if kind in kinds and inside and fnmatch.fnmatchcase(site, self.site_glob.value or "*"):
+            if kind in kinds and inside and matches(site):
                 chosen.append(site)
         return chosen
 

@@ -1,0 +1,106 @@
+"""What one recorded step holds until it is written: accumulators per site, then their reduction.
+
+Each site recorded in a step gets a row of accumulators, float64 [11] (8 sums, then max,
+-min, absmax) and int64 [2] (fingerprint lane sums), handed out as rows of blocks of 64 (one
+allocation per 64 sites); every micro-batch adds into its site's row. At the end of the step
+the rows become a ``PendingStep``; ``reduce_pending`` adds (and maxes) the pending steps over
+every rank in three all-reduces per flush, never a gather of tensors, and returns their
+statistics and fingerprints in the registry's order (collective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workbench.recorder import kernels
+from workbench.recorder.snapshots import Snapshot
+from workbench.statistics import assemble
+
+_BLOCK = 64
+
+
+@dataclass
+class Accumulator:
+    acc: torch.Tensor      # [11] float64: 8 sums, then max, -min, absmax
+    lanes: torch.Tensor    # [2] int64: fingerprint lane sums
+
+
+@dataclass
+class PendingStep:
+    row: int
+    sites: list[str]
+    sums: torch.Tensor     # [n_local, 8]
+    maxes: torch.Tensor    # [n_local, 3]
+    lanes: torch.Tensor    # [n_local, 2]
+
+
+@dataclass
+class StepState:
+    """One recorded step in progress."""
+
+    acc: dict[str, Accumulator] = field(default_factory=dict)
+    """Each site's accumulators, in the order the sites were first recorded in this step."""
+    before: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Each ``update`` site's parameter as the step began."""
+    snapshots: list[Snapshot] = field(default_factory=list)
+    grads_recorded: bool = False
+    _blocks: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    _used: int = 0
+
+    def accumulator(self, site: str, device: torch.device) -> Accumulator:
+        """``site``'s accumulators, empty on its first micro-batch of the step."""
+        found = self.acc.get(site)
+        if found is None:
+            if not self._blocks or self._used == _BLOCK or self._blocks[-1][0].device != device:
+                acc, lanes = kernels.new_accumulators(device)
+                self._blocks.append((acc.repeat(_BLOCK, 1), lanes.repeat(_BLOCK, 1)))
+                self._used = 0
+            acc_block, lane_block = self._blocks[-1]
+            found = self.acc[site] = Accumulator(acc_block[self._used], lane_block[self._used])
+            self._used += 1
+        return found
+
+    def pending(self, row: int, device: torch.device) -> PendingStep:
+        """The step's accumulators as one pending row of the store."""
+        sites = list(self.acc)
+        if not sites:
+            return PendingStep(row, [], torch.zeros(0, 8, dtype=torch.float64, device=device),
+                               torch.zeros(0, 3, dtype=torch.float64, device=device),
+                               torch.zeros(0, 2, dtype=torch.int64, device=device))
+        if len({acc.device for acc, _ in self._blocks}) == 1:  # the rows in site order: the blocks in a row
+            acc = torch.cat([acc for acc, _ in self._blocks])[:len(sites)]
+            lanes = torch.cat([lanes for _, lanes in self._blocks])[:len(sites)]
+        else:
+            acc = torch.stack([self.acc[s].acc.to(device) for s in sites])
+            lanes = torch.stack([self.acc[s].lanes.to(device) for s in sites])
+        return PendingStep(row, sites, acc[:, :8], acc[:, 8:], lanes)
+
+
+def reduce_pending(pending: list[PendingStep], index: dict[str, int], device: torch.device, *,
+                   rank: int) -> tuple[list[int], np.ndarray, np.ndarray] | None:
+    """(rows, stats [k, sites, stat] float64, fingerprints [k, sites] uint64) of the pending steps, summed
+    over every rank (collective); None on every rank but global rank 0."""
+    n, k = len(index), len(pending)
+    sums = torch.zeros(k, n, 8, dtype=torch.float64, device=device)
+    maxes = torch.full((k, n, 3), float("-inf"), dtype=torch.float64, device=device)
+    lanes = torch.zeros(k, n, 2, dtype=torch.int64, device=device)
+    for i, step in enumerate(pending):
+        if step.sites:
+            where = torch.tensor([index[s] for s in step.sites], device=device)
+            sums[i, where] = step.sums.to(device)
+            maxes[i, where] = step.maxes.to(device)
+            lanes[i, where] = step.lanes.to(device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lanes)
+    if rank != 0:
+        return None
+    stats = assemble(sums.cpu().numpy(), maxes.cpu().numpy())       # one host copy per flush
+    lane_values = lanes.cpu().numpy().astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    fingerprints = (lane_values[..., 1] << np.uint64(32)) | lane_values[..., 0]
+    return [p.row for p in pending], stats, fingerprints
