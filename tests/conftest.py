@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from workbench.config import RunConfig
-from workbench.manifest import new_manifest
+from workbench.store.manifest import runner_manifest
 from workbench.store.writer import ScalarWriter, create_store, set_status
 
 
@@ -19,7 +19,7 @@ def write_synthetic_run(run_dir: Path, *, steps: int = 12, written: int | None =
                         status: str | None = "complete", loss_offset: float = 0.0) -> Path:
     """A run store with ``written`` of ``steps`` rows of made-up scalars, no training involved."""
     cfg = RunConfig(name=name, steps=steps)
-    create_store(run_dir, new_manifest(cfg), steps)
+    create_store(run_dir, runner_manifest(cfg), steps)
     writer = ScalarWriter(run_dir, flush_every=4)
     for step in range(steps if written is None else written):
         writer.append(step, {"loss": 5.0 - 0.1 * step + loss_offset, "grad_norm": 1.0, "lr": 1e-3,

@@ -98,9 +98,8 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
         return _finish(Bisect(a=a.name, b=b.name, step=None, site=None, origin_sites=[], operation=None,
                               skipped="the runs are identical", replays=[], seconds=time.perf_counter() - started,
                               out=out_dir))
-    row = result.equal.loc[step]
-    differing = [s for s, same in row.items() if not same]
-    site = differing[0] if differing else None
+    first = result.first_difference([step])
+    site = None if first is None else first.site
     origins = result.origin_sites if step == result.first_step else []
     skipped = None
     if a.info.layout.pp > 1 or b.info.layout.pp > 1:

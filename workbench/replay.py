@@ -26,10 +26,10 @@ from typing import Any
 from workbench.analysis.replay import ReplayCheck, replay_check
 from workbench.config import RunConfig
 from workbench.errors import ArgumentError
-from workbench.manifest import new_manifest
 from workbench.runner.launch import ProgressFn, launch
 from workbench.sites import SITE_KINDS
 from workbench.store import layout
+from workbench.store.manifest import runner_manifest
 from workbench.store.reader import Run, open_run
 from workbench.store.writer import create_store, update_manifest
 
@@ -118,7 +118,7 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
     replay_cfg = replay_config(cfg, step=step, from_step=from_step)
     paths = layout.RunPaths(run_dir)
     if checkpoint is not None:
-        create_store(run_dir, new_manifest(replay_cfg), replay_cfg.steps)
+        create_store(run_dir, runner_manifest(replay_cfg), replay_cfg.steps)
         shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
     # The manifest says "replay" before any rank starts, so a replay that fails is never taken for a run.
     facts = {"of": str(original.path), "of_run_id": original.run_id, "step": step, "from_step": from_step,

@@ -13,7 +13,7 @@ cpu_compat.install()
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from workbench.config import RecordConfig, RunConfig
-from workbench.manifest import new_manifest
+from workbench.store.manifest import runner_manifest
 from workbench.recorder import Recorder
 from workbench.runner.model import build_model
 from workbench.store.reader import open_run
@@ -26,7 +26,7 @@ model_parallel_cuda_manual_seed(0)
 cfg = RunConfig.from_dict({"name": "api", "steps": 2, "model": {"num_layers": 1, "hidden_size": 32,
                            "num_attention_heads": 2, "vocab_size": 64, "seq_length": 8}})
 built = build_model(cfg, torch.device("cpu"))
-create_store(__import__("pathlib").Path(run_dir), new_manifest(cfg), 3)
+create_store(__import__("pathlib").Path(run_dir), runner_manifest(cfg), 3)
 optimizer = torch.optim.AdamW(built.ddp.parameters(), lr=1e-3)
 before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules())
 finalize = built.config.finalize_model_grads_func

@@ -217,7 +217,7 @@ def test_study_findings_name_identical_repeats_and_first_differences() -> None:
 
 
 def test_the_relative_difference_block_by_block_is_the_formula_everywhere() -> None:
-    from workbench.analysis.compare import _BLOCK, _relative
+    from workbench.analysis.difference import _BLOCK, relative
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, _BLOCK + 17))  # several blocks and a short last one
@@ -229,5 +229,5 @@ def test_the_relative_difference_block_by_block_is_the_formula_everywhere() -> N
     with np.errstate(invalid="ignore", divide="ignore"):
         expected = np.abs(x - y) / np.maximum(np.abs(x), np.abs(y))
     expected[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0
-    np.testing.assert_array_equal(_relative(x, y), expected)
-    np.testing.assert_array_equal(_relative(x[:, ::2], y[:, ::2]), expected[:, ::2])  # strided inputs
+    np.testing.assert_array_equal(relative(x, y), expected)
+    np.testing.assert_array_equal(relative(x[:, ::2], y[:, ::2]), expected[:, ::2])  # strided inputs

@@ -10,7 +10,6 @@ import pytest
 from workbench.cli import main
 from workbench.config import RunConfig
 from workbench.errors import DamagedStoreError, ForeignRunError
-from workbench.manifest import new_manifest
 from workbench.store.manifest import (
     RUNNER,
     ModelSignature,
@@ -18,6 +17,7 @@ from workbench.store.manifest import (
     RunManifest,
     manifest_fields,
     parse_manifest,
+    runner_manifest,
 )
 from workbench.store.reader import list_runs, open_run
 from workbench.store.synthetic import write_synthetic_run
@@ -38,9 +38,9 @@ def test_a_manifest_reads_back_as_written() -> None:
 
 def test_the_runners_manifest_and_a_schema_v1_one_say_the_same() -> None:
     cfg = RunConfig.from_dict({"name": "r", "layout": {"tp": 2}, "precision": "bf16", "deterministic": False})
-    v2 = parse_manifest(new_manifest(cfg), source="s")
+    v2 = parse_manifest(runner_manifest(cfg), source="s")
     assert v2.producer == RUNNER and v2.summary() == cfg.summary() and v2.config == cfg.to_dict()
-    v1 = {k: v for k, v in new_manifest(cfg).items() if k not in ("producer", "model", "deterministic", "seed")}
+    v1 = {k: v for k, v in runner_manifest(cfg).items() if k not in ("producer", "model", "deterministic", "seed")}
     v1["layout"] = {"tp": 2, "pp": 1, "dp": 1, "world_size": 2}  # as schema v1 wrote it
     old = parse_manifest(v1, source="s")
     assert (old.producer, old.model, old.layout, old.precision, old.deterministic, old.seed) == \

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.difference import first_true
 from workbench.analysis.records import RunRecords
 from workbench.errors import ConfigError
 from workbench.sites import split_site
@@ -69,15 +70,11 @@ def _rolling_baseline(values: pd.Series, window: int) -> tuple[pd.Series, pd.Ser
 def _nonfinite(scalars: pd.DataFrame, records: RunRecords | None) -> list[dict[str, object]]:
     if records is not None:
         stats = records.stats.sel(stat=["nan", "inf"]).sum("stat")
-        bad = (stats > 0).to_pandas()  # step x site
-        rows = bad.index[bad.any(axis=1)]
-        if len(rows):
-            step = int(rows[0])
-            row = bad.loc[step]
-            site = str(row.index[row.to_numpy()][0])
-            count = int(row.sum())
-            return [{"step": step, "rule": "nonfinite", "site": site, "value": float(stats.sel(step=step, site=site)),
-                     "threshold": 0.0, "detail": f"first NaN/Inf, in {site}; {count} sites hold NaN/Inf at that step"}]
+        first = first_true((stats > 0).to_pandas())  # step x site
+        if first is not None:
+            return [{"step": first.step, "rule": "nonfinite", "site": first.site,
+                     "value": float(stats.sel(step=first.step, site=first.site)), "threshold": 0.0,
+                     "detail": f"first NaN/Inf, in {first.site}; {first.count} sites hold NaN/Inf at that step"}]
     for column in ("loss", "grad_norm"):
         values = scalars[column]
         bad_steps = values.index[~np.isfinite(values.to_numpy(dtype=float))]

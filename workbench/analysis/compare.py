@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from workbench.analysis.difference import FirstHit, first_true, relative_difference
 from workbench.analysis.records import RunRecords
 from workbench.errors import WorkbenchError
 from workbench.sites import split_site
@@ -60,6 +61,10 @@ class Comparison:
     @property
     def identical(self) -> bool:
         return self.first_step is None
+
+    def first_difference(self, steps: list[int] | None = None) -> FirstHit | None:
+        """The first (step, site) where the runs differ among ``steps`` (default: every common step)."""
+        return first_true(~(self.equal if steps is None else self.equal.loc[steps]))
 
     def relative(self, stat: str, values: tuple[xr.DataArray, xr.DataArray] | None = None) -> xr.DataArray:
         """``relative_difference`` of one statistic (step x site), in memory, computed once per statistic.
@@ -111,42 +116,6 @@ def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
         if run.status not in ("complete", "stopped"):
             warnings.append(f"{run.name} is {run.status}: only its written steps are compared")
     return warnings
-
-
-_BLOCK = 1 << 16
-"""Elements per block of ``_relative``: its dozen passes then run in the cache, not in memory."""
-
-
-def _relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # block by block and in place: this runs over every (step, site) of a statistic whenever one is first shown
-    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-    out = np.empty(x.shape, dtype=np.float64)
-    flat_x, flat_y, flat_out = x.reshape(-1), y.reshape(-1), out.reshape(-1)  # out: a view (inputs may copy)
-    scale, equal, undefined = (np.empty(min(_BLOCK, flat_x.size), dtype=dtype) for dtype in (np.float64, bool, bool))
-    for start in range(0, flat_x.size, _BLOCK):
-        a, b, diff = flat_x[start:start + _BLOCK], flat_y[start:start + _BLOCK], flat_out[start:start + _BLOCK]
-        n = a.size
-        s, e, u = scale[:n], equal[:n], undefined[:n]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf - inf, x / 0: NaN, as documented
-            np.abs(a, out=s)
-            np.maximum(s, np.abs(b, out=diff), out=s)
-            np.equal(s, 0, out=u)
-            np.subtract(a, b, out=diff)
-            np.abs(diff, out=diff)
-            np.divide(diff, s, out=diff)
-        np.copyto(diff, np.nan, where=u)  # both zero: undefined unless equal (below)
-        np.equal(a, b, out=e)
-        np.isnan(a, out=u)
-        u &= np.isnan(b)
-        e |= u
-        np.copyto(diff, 0.0, where=e)
-    return out
-
-
-def relative_difference(x: xr.DataArray, y: xr.DataArray) -> xr.DataArray:
-    """|x - y| / max(|x|, |y|): 0 where equal (NaN = NaN counts as equal), NaN where only one is NaN or
-    both are infinite with different signs. Lazy when the inputs are (Dask): computed chunk by chunk."""
-    return xr.apply_ufunc(_relative, x, y, dask="parallelized", output_dtypes=[np.float64])
 
 
 _OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq", "update")
@@ -203,14 +172,7 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
     equal_values = _aligned(a.fingerprints, steps, sites) == _aligned(b.fingerprints, steps, sites)  # [step, site]
     equal = pd.DataFrame(equal_values, index=pd.Index(steps, name="step"), columns=sites)
     differs = ~equal_values
-    differing_rows = np.flatnonzero(differs.any(axis=1))
-    first_step = first_site = None
-    origins: list[str] = []
-    if len(differing_rows):
-        row = equal.iloc[int(differing_rows[0])]
-        first_step = steps[int(differing_rows[0])]
-        first_site = sites[int(np.argmax(differs[differing_rows[0]]))]
-        origins = origin_sites(row)
+    first = first_true(pd.DataFrame(differs, index=equal.index, columns=sites))
     ever = differs.any(axis=0)
     frontier = pd.Series(np.asarray(steps)[differs.argmax(axis=0)[ever]], index=pd.Index(sites)[ever], dtype=int)
     only_sites_a = [s for s in a.sites if s not in in_b]
@@ -219,7 +181,8 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         a=a.name, b=b.name, common_steps=steps, common_sites=sites,
         only_in_a={"steps": sorted(set(a.steps) - set(steps)), "sites": only_sites_a},
         only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
-        equal=equal, first_step=first_step, first_site=first_site, origin_sites=origins, frontier=frontier,
+        equal=equal, first_step=None if first is None else first.step, first_site=None if first is None else first.site,
+        origin_sites=[] if first is None else origin_sites(equal.loc[first.step]), frontier=frontier,
         relative_difference=relative_difference(_aligned_stats(a.stats, steps, sites),
                                                 _aligned_stats(b.stats, steps, sites)),
         warnings=warnings)

@@ -19,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.compare import Comparison, IncomparableRunsError
+from workbench.analysis.difference import first_true
 from workbench.analysis.records import RunRecords
 
 MIN_RISE_DECADES = 1.0
@@ -195,9 +196,7 @@ def leaves_floor(run: RunRecords, floor: NoiseFloor, *, stats: tuple[str, ...] =
     value = run.stats.sel(step=steps, site=sites, stat=list(stats))
     out = (value < low - slack) | (value > high + slack) | (value.isnull() != low.isnull())
     outside = out.any("stat").to_pandas()
-    rows = outside.index[outside.any(axis=1)]
-    if len(rows) == 0:
+    first = first_true(outside)
+    if first is None:
         return FloorCheck(run.name, True, None, None, outside)
-    first_step = int(rows[0])
-    row = outside.loc[first_step]
-    return FloorCheck(run.name, False, first_step, str(row.index[row.to_numpy()][0]), outside)
+    return FloorCheck(run.name, False, first.step, first.site, outside)

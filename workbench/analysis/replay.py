@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import IncomparableRunsError, compare
+from workbench.analysis.difference import relative
 from workbench.analysis.records import RunRecords
 
 SCALARS = ("loss", "grad_norm")
@@ -100,7 +101,7 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
     steps = sorted(int(s) for s in span)
     scalar_diff = {name: _bits(original_scalars.loc[steps, name]) != _bits(replay_scalars.loc[steps, name])
                    for name in SCALARS if name in original_scalars and name in replay_scalars}
-    site_first: dict[int, str] = {}
+    site_first = None
     sites = 0
     site_rel = pd.Series(np.nan, index=pd.Index(steps, name="step"))
     not_compared: str | None = "a run has no per-site records"
@@ -113,27 +114,21 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
             shared = [s for s in result.common_steps if from_step <= s <= to_step]
             not_compared = None if shared else f"the runs recorded no step of {from_step}..{to_step} in common"
             sites = len(result.common_sites)
-            for step in shared:
-                row = result.equal.loc[step].to_numpy()
-                if not row.all():
-                    site_first[step] = result.common_sites[int(np.argmin(row))]
+            site_first = result.first_difference(shared) if shared else None
             if shared:
                 rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=False)
                 site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
-    first_step = first_site = None
+    # the first step where a site or a scalar differs; at that step a site before a scalar
+    first_step, first_site = (site_first.step, site_first.site) if site_first is not None else (None, None)
     for i, step in enumerate(steps):
-        if step in site_first:
-            first_step, first_site = step, site_first[step]
+        if first_step is not None and step >= first_step:
             break
         bad = [name for name, diff in scalar_diff.items() if diff[i]]
         if bad:
             first_step, first_site = step, bad[0]
             break
-    loss_a = original_scalars.loc[steps, "loss"].to_numpy(dtype=float)
-    loss_b = replay_scalars.loc[steps, "loss"].to_numpy(dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        loss_rel = np.where(loss_a == loss_b, 0.0, np.abs(loss_a - loss_b) / np.maximum(np.abs(loss_a),
-                                                                                        np.abs(loss_b)))
+    loss_rel = relative(original_scalars.loc[steps, "loss"].to_numpy(dtype=float),
+                        replay_scalars.loc[steps, "loss"].to_numpy(dtype=float))
     closeness = pd.DataFrame({"loss_rel": loss_rel, "max_site_rel": site_rel.to_numpy()},
                              index=pd.Index(steps, name="step"))
     return ReplayCheck(original=original.name if original is not None else "original",

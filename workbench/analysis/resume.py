@@ -110,17 +110,9 @@ def resume_check(resumed: RunRecords, reference: RunRecords, *, from_step: int |
     if not steps:
         raise IncomparableRunsError(f"{resumed.name} and {reference.name} share no recorded step from step "
                                     f"{from_step} on")
-    equal = result.equal.loc[steps]
-    differs = ~equal.to_numpy()
-    rows = np.flatnonzero(differs.any(axis=1))
-    first_step = first_site = None
-    count = 0
-    if len(rows):
-        first_step = steps[int(rows[0])]
-        first_site = result.common_sites[int(np.argmax(differs[rows[0]]))]
-        count = int(differs[rows[0]].sum())
+    first = result.first_difference(steps)
     gaps = floor_gaps = None
-    if first_step is not None:
+    if first is not None:
         gaps = _gaps(result, steps)
         if floor is not None:
             against = compare(floor, reference)
@@ -130,6 +122,8 @@ def resume_check(resumed: RunRecords, reference: RunRecords, *, from_step: int |
                                             f"{from_step} on: no noise floor")
             floor_gaps = _gaps(against, shared)
     return ResumeCheck(resumed=resumed.name, reference=reference.name, from_step=from_step, steps=steps,
-                       sites=len(result.common_sites), first_step=first_step, first_site=first_site,
-                       differing_sites=count, gaps=gaps, floor=floor.name if floor is not None else None,
+                       sites=len(result.common_sites), first_step=None if first is None else first.step,
+                       first_site=None if first is None else first.site,
+                       differing_sites=0 if first is None else first.count, gaps=gaps,
+                       floor=floor.name if floor is not None else None,
                        floor_gaps=floor_gaps)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,8 @@ from workbench.analysis.golden_values import MEGATRON_METRICS
 from workbench.importers.table import ImportFormatError, LogNotFoundError
 from workbench.importers.tensorboard import _require_tensorboard
 from workbench.store import layout
-from workbench.store.manifest import RunManifest, manifest_fields
-from workbench.store.writer import ScalarWriter, create_store, now, set_status
+from workbench.store.manifest import RunManifest, new_run_id, store_attributes
+from workbench.store.writer import ScalarWriter, create_store, set_status
 
 FORMAT = "megatron-lm tensorboard"
 TENSORBOARD_METRICS = {**MEGATRON_METRICS, "lm loss validation": "val_loss"}
@@ -66,12 +65,11 @@ def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | o
     run_dir = Path(run_dir)
     steps = iterations[-1]
     run_name = name or run_dir.name
-    info = RunManifest(run_id=f"{run_name}-{uuid.uuid4().hex[:8]}", name=run_name, producer=f"import: {FORMAT}")
+    info = RunManifest(run_id=new_run_id(run_name), name=run_name, producer=f"import: {FORMAT}")
     files = sorted(str(p) for p in Path(logdir).glob("*tfevents*"))
-    create_store(run_dir, {**manifest_fields(info), "status": layout.Status.CREATED, "started_at": now(),
-                           "resumes": [], "imported": {"format": FORMAT, "files": files, "other_tags": other_tags,
-                                                       "iterations": len(iterations),
-                                                       "note": "TensorBoard stores scalars as float32"}}, steps)
+    create_store(run_dir, store_attributes(info, status=layout.Status.CREATED, imported={
+        "format": FORMAT, "files": files, "other_tags": other_tags, "iterations": len(iterations),
+        "note": "TensorBoard stores scalars as float32"}), steps)
     writer = ScalarWriter(run_dir, flush_every=max(1, steps))
     for step in range(steps):  # every step written, NaN where not logged (Megatron logs every --log-interval)
         row: dict[str, float] = {f: (0 if t.startswith("int") else math.nan) for f, t in layout.SCALAR_FIELDS.items()}

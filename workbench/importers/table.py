@@ -25,7 +25,6 @@ to the log's rounding, is not seen. Imports no torch.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +39,12 @@ from workbench.errors import ArgumentError, WorkbenchError
 from workbench.sites import layer_of, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
-from workbench.store.manifest import RunManifest, manifest_fields
+from workbench.store.manifest import RunManifest, new_run_id, store_attributes
 from workbench.store.writer import (
     ScalarWriter,
     SiteInfo,
     create_sites_group,
     create_store,
-    now,
     set_status,
     write_site_rows,
 )
@@ -210,13 +208,12 @@ def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str 
         raise ImportFormatError(f"logged steps must be >= 0; the first one is {int(arrays.steps[0])}")
     steps = int(arrays.steps[-1]) + 1
     run_name = name or run_dir.name
-    info = RunManifest(run_id=f"{run_name}-{uuid.uuid4().hex[:8]}", name=run_name,
+    info = RunManifest(run_id=new_run_id(run_name), name=run_name,
                        producer=f"import: {imported.get('format', 'table')}")
-    manifest = {**manifest_fields(info), "status": layout.Status.CREATED, "started_at": now(), "resumes": []}
-    manifest["imported"] = {**imported, "fingerprint": FINGERPRINT_NOTE,
-                            "statistics_not_stored": [s for s in arrays.stats if s not in STAT_NAMES],
-                            "conflicting_duplicates": arrays.conflicting_duplicates}
-    create_store(run_dir, manifest, steps)
+    create_store(run_dir, store_attributes(info, status=layout.Status.CREATED, imported={
+        **imported, "fingerprint": FINGERPRINT_NOTE,
+        "statistics_not_stored": [s for s in arrays.stats if s not in STAT_NAMES],
+        "conflicting_duplicates": arrays.conflicting_duplicates}), steps)
     create_sites_group(run_dir, [int(s) for s in arrays.steps], _site_infos(arrays))
 
     fingerprints = statistic_fingerprints(arrays.values, arrays.present, arrays.stats)

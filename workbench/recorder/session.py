@@ -28,11 +28,9 @@ import hashlib
 import json
 import math
 import os
-import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,13 +41,20 @@ import torch.distributed as dist
 from workbench import determinism
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
-from workbench.manifest import git_revision, library_versions
 from workbench.recorder.recorder import Recorder
 from workbench.recorder.targets import all_gather_objects, unwrap
 from workbench.sites import SiteFilter
 from workbench.store import layout
-from workbench.store.manifest import USER_LOOP, ModelSignature, ParallelLayout, RunManifest, manifest_fields
-from workbench.store.writer import ScalarWriter, create_store, now, set_status, update_manifest
+from workbench.store.manifest import (
+    USER_LOOP,
+    ModelSignature,
+    ParallelLayout,
+    RunManifest,
+    environment_facts,
+    new_run_id,
+    store_attributes,
+)
+from workbench.store.writer import ScalarWriter, create_store, set_status, update_manifest
 
 LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped", "val_loss")
 """What ``TrainingRun.log`` takes; ``tokens`` (this step's, all ranks together) gives tokens/s;
@@ -157,7 +162,7 @@ class TrainingRun:
             if deterministic is not None:
                 switches["deterministic"] = deterministic
             name = name or self.run_dir.name
-            self.info = RunManifest(run_id=f"{name}-{uuid.uuid4().hex[:8]}", name=name, producer=USER_LOOP,
+            self.info = RunManifest(run_id=new_run_id(name), name=name, producer=USER_LOOP,
                                     model=signature, layout=live_layout(config), precision=precision,
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)
@@ -183,21 +188,10 @@ class TrainingRun:
             self._heartbeat.start()
 
     def _create_store(self, user_config: Mapping[str, Any] | None) -> None:
-        host = socket.gethostname()
-        create_store(self.run_dir, {
-            **manifest_fields(self.info),
-            "user_config_hash": _user_config_hash(user_config),
-            "versions": library_versions(),
-            "host": host,
-            "git_revision": git_revision(Path.cwd()),
-            "working_directory": str(Path.cwd()),
-            "runtime": self._runtime,
-            "launcher": {"pid": os.getpid(), "host": host},
-            "heartbeat": {"at": time.time(), "every_s": self._heartbeat_s},
-            "started_at": now(),
-            "status": layout.Status.RUNNING,
-            "steps_planned": self._steps,
-        }, self._steps)
+        create_store(self.run_dir, store_attributes(
+            self.info, status=layout.Status.RUNNING, user_config_hash=_user_config_hash(user_config),
+            **environment_facts(Path.cwd()), working_directory=str(Path.cwd()), runtime=self._runtime,
+            heartbeat={"at": time.time(), "every_s": self._heartbeat_s}, steps_planned=self._steps), self._steps)
         self._scalars = ScalarWriter(self.run_dir, self._flush_every)
 
     def _beat(self) -> None:

@@ -25,8 +25,8 @@ from typing import Any
 from workbench import determinism
 from workbench.config import Precision, RunConfig
 from workbench.errors import CheckpointError, LaunchError
-from workbench.manifest import new_manifest
 from workbench.store import layout
+from workbench.store.manifest import runner_manifest
 from workbench.store.reader import open_run
 from workbench.store.writer import create_store, set_status, update_manifest
 
@@ -243,7 +243,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
                               "--overwrite to start again")
         if paths.run_dir.exists() and overwrite:
             shutil.rmtree(paths.run_dir)
-        create_store(paths.run_dir, new_manifest(cfg), cfg.steps)
+        create_store(paths.run_dir, runner_manifest(cfg), cfg.steps)
     if manifest:
         update_manifest(paths.run_dir, **manifest)
     if start_record is not None:

@@ -33,6 +33,7 @@ writes its own regions of a snapshot, whose chunks are exactly those regions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,9 @@ def snapshot_arrays(store: Path) -> list[tuple[int, str, str]]:
     return found
 
 
-class Status:
+class Status(StrEnum):
+    """A run's ``status`` in its manifest."""
+
     CREATED = "created"
     RUNNING = "running"
     COMPLETE = "complete"

@@ -10,15 +10,34 @@ with a clear error naming any field that is missing or of the wrong type.
 
 A field a producer could not know is absent (None), never faked. Schema v1 stores (the
 runner's only) carry their facts in ``config`` and are read the same way. Imports no torch.
+
+Every producer writes a new store's manifest with ``store_attributes``: the typed record, when
+the run started, its status, and the producer's further facts (the environment's, the
+runner's config hash, an importer's notes). ``runner_manifest`` is the runner's.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from workbench import determinism
 from workbench.errors import DamagedStoreError
+from workbench.store.layout import Status
+
+if TYPE_CHECKING:
+    from workbench.config import RunConfig
+
+_PACKAGES = ("workbench", "torch", "megatron-core", "transformer-engine", "zarr", "numpy", "xarray", "pandas")
 
 RUNNER = "workbench runner"
 """``producer`` of stores the workbench's own runner trains."""
@@ -201,3 +220,69 @@ def manifest_fields(info: RunManifest) -> dict[str, Any]:
     if info.config is not None:
         out["config"] = dict(info.config)
     return out
+
+
+def now() -> str:
+    """A manifest's timestamp: UTC, to the second."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def new_run_id(name: str) -> str:
+    """A run id: the run's name and 8 random hex digits."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def store_attributes(info: RunManifest, *, status: Status, **facts: Any) -> dict[str, Any]:
+    """The attributes of a new store: ``info``'s fields, when it started, its status, no resume yet,
+    and the producer's further ``facts`` (each a field of its own)."""
+    return {**manifest_fields(info), "started_at": now(), "status": status, "resumes": [], **facts}
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_revision(directory: Path | None = None) -> str | None:
+    """The revision of the checkout at ``directory`` (default: this project's), with ``-dirty`` if it has
+    changes; None outside a git checkout."""
+    directory = directory or Path(__file__).resolve().parent.parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=directory,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev + ("-dirty" if dirty else "")
+
+
+def environment_facts(directory: Path | None = None) -> dict[str, Any]:
+    """Where and with what a run is produced: library versions, host, platform, git revision of
+    ``directory``, and the producing process."""
+    host = socket.gethostname()
+    return {"versions": library_versions(), "host": host, "platform": platform.platform(),
+            "git_revision": git_revision(directory), "launcher": {"pid": os.getpid(), "host": host}}
+
+
+def runner_manifest(cfg: RunConfig) -> dict[str, Any]:
+    """The attributes of a new store the workbench's runner trains ``cfg`` into."""
+    m = cfg.model
+    info = RunManifest(
+        run_id=new_run_id(cfg.name), name=cfg.name, producer=RUNNER,
+        model=ModelSignature(num_layers=m.num_layers, hidden_size=m.hidden_size,
+                             num_attention_heads=m.num_attention_heads, vocab_size=m.vocab_size,
+                             seq_length=m.seq_length, num_experts=m.num_experts or None,
+                             moe_topk=m.moe_topk if m.is_moe else None),
+        layout=ParallelLayout(tp=cfg.layout.tp, pp=cfg.layout.pp, dp=cfg.layout.dp, ep=cfg.layout.ep,
+                              sp=cfg.layout.sp, vp=cfg.layout.vp if cfg.layout.vp > 1 else None),
+        precision=cfg.precision.value,
+        deterministic=cfg.deterministic, seed=cfg.seed, determinism=determinism.describe(cfg.deterministic),
+        config=cfg.to_dict())
+    return store_attributes(info, status=Status.CREATED, config_hash=cfg.numerics_hash(), fault=cfg.fault.describe(),
+                            **environment_facts())

@@ -22,10 +22,10 @@ import numpy as np
 
 from workbench.config import RecordConfig, RunConfig
 from workbench.errors import ArgumentError
-from workbench.manifest import new_manifest
 from workbench.sites import site_id
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
+from workbench.store.manifest import runner_manifest
 from workbench.store.writer import ScalarWriter, SiteInfo, create_sites_group, create_store, set_status, write_site_rows
 
 _PARAMETERS = ("input_layernorm.weight", "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
@@ -64,7 +64,7 @@ def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: in
         raise ArgumentError(f"diverge_at={diverge_at} lies outside {steps} steps x {sites} sites")
     run_dir = Path(run_dir)
     cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
-    manifest = {**new_manifest(cfg), "producer": "synthetic"}
+    manifest = {**runner_manifest(cfg), "producer": "synthetic"}
     manifest["synthetic"] = {"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
                              "initial_difference": initial_difference, "growth": growth}
     create_store(run_dir, manifest, steps)

@@ -8,7 +8,6 @@ writes off the training thread.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import os
 import queue
@@ -24,10 +23,7 @@ import zarr
 
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+from workbench.store.manifest import now
 
 
 def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr.Group:
