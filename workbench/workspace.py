@@ -41,7 +41,6 @@ from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
 from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
-from workbench.analysis.records import RunRecords
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
 from workbench.analysis.sources import attribution, source_cost, source_label
@@ -52,6 +51,7 @@ from workbench.figures.style import Provenance
 from workbench.store import layout
 from workbench.store.manifest import RUNNER
 from workbench.store.reader import Run, find_runs, open_run
+from workbench.store.records import RunRecords
 
 DEMO_RUNS = Path("data/runs/demo")
 PRELOAD_ENV = "WORKBENCH_PRELOAD_MB"

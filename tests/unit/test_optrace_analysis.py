@@ -6,10 +6,11 @@ import pandas as pd
 import pytest
 
 from workbench.analysis.optrace import EmptyTraceError, first_operation
+from workbench.store.op_trace import TracedTensor
 
 
-def T(fp: str | None, shape: tuple[int, ...] = (4,)) -> list:
-    return [list(shape), "float32", fp, 0]
+def T(fp: str | None, shape: tuple[int, ...] = (4,), *, defined: bool = True) -> TracedTensor:
+    return TracedTensor(shape, "float32", fp, 0, defined)
 
 
 class Trace:
@@ -140,7 +141,23 @@ def test_untraced_stays_the_verdict_when_a_later_operation_also_differs() -> Non
 def test_uninitialised_memory_is_not_a_difference() -> None:
     def run(junk: str) -> Trace:
         t = _common(Trace())
-        t.op("attn", "slice", [T(junk)], [T(junk)[:4] + [False]], source="megatron/core/utils.py:635 in get_tensor")
+        t.op("attn", "slice", [T(junk)], [T(junk, defined=False)], source="megatron/core/utils.py:635 in get_tensor")
         return t.op("attn", "baddbmm", [T(junk), T("q"), T("k")], [T("s")])  # beta = 0: the junk is overwritten
     result = first_operation(run("junk-a").frame(), run("junk-b").frame())
     assert result.identical, result.summary()
+
+
+def test_a_trace_file_round_trips_and_a_damaged_line_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from workbench.errors import DamagedStoreError
+    from workbench.store.op_trace import TracedOperation, read_trace, write_trace
+
+    ops = [TracedOperation(seq=i, rank=0, tp_rank=0, phase="forward", microbatch=0, scope="layers.0", op="add",
+                           occurrence=i, source="x.py:1 in f", inputs=[T("a"), T("b", (2, 2))],
+                           outputs=[T("c", defined=False)]) for i in range(3)]
+    path = write_trace(tmp_path / "step_000001" / "rank0.jsonl", ops)
+    frame = read_trace([path])
+    assert list(frame["seq"]) == [0, 1, 2] and frame.loc[1, "inputs"] == [T("a"), T("b", (2, 2))]
+    assert frame.loc[2, "outputs"][0].defined is False and frame.loc[0, "node"] is None
+    path.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(DamagedStoreError, match="rank0.jsonl:4"):
+        read_trace([path])

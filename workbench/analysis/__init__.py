@@ -5,6 +5,6 @@
 
 from workbench.analysis.compare import Comparison, IncomparableRunsError, compare
 from workbench.analysis.golden import GoldenCheck, golden_check
-from workbench.analysis.records import RunRecords
+from workbench.store.records import RunRecords
 
 __all__ = ["Comparison", "GoldenCheck", "IncomparableRunsError", "RunRecords", "compare", "golden_check"]

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.difference import first_true
-from workbench.analysis.records import RunRecords
 from workbench.errors import ConfigError
 from workbench.sites import split_site
+from workbench.store.records import RunRecords
 
 COLUMNS = ["step", "rule", "site", "value", "threshold", "detail"]
 

@@ -28,9 +28,9 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.difference import FirstHit, first_true, relative_difference
-from workbench.analysis.records import RunRecords
 from workbench.errors import WorkbenchError
 from workbench.sites import split_site
+from workbench.store.records import RunRecords
 
 
 class IncomparableRunsError(WorkbenchError, ValueError):

@@ -9,8 +9,8 @@ from its resume step on); the demo prints the result. Pure: records in, sentence
 from __future__ import annotations
 
 from workbench.analysis.compare import Comparison, compare
-from workbench.analysis.records import RunRecords
 from workbench.analysis.resume import resume_check
+from workbench.store.records import RunRecords
 
 
 def _largest(result: Comparison) -> float:

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import IncomparableRunsError, compare
-from workbench.analysis.records import RunRecords
 from workbench.analysis.tolerance import TOLERANCE_QUANTITIES, TOLERANCE_SCALARS, scalar_differences, site_differences
 from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
+from workbench.store.records import RunRecords
 
 
 @dataclass(frozen=True)

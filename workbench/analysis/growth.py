@@ -20,7 +20,7 @@ import xarray as xr
 
 from workbench.analysis.compare import Comparison, IncomparableRunsError
 from workbench.analysis.difference import first_true
-from workbench.analysis.records import RunRecords
+from workbench.store.records import RunRecords
 
 MIN_RISE_DECADES = 1.0
 """A saturation is reported only after the difference rose by at least this much."""

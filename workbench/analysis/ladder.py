@@ -20,8 +20,8 @@ import pandas as pd
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor, row_nanmedian
-from workbench.analysis.records import RunRecords
 from workbench.sites import SITE_KINDS, layer_of, split_site
+from workbench.store.records import RunRecords
 
 _BEFORE_LAYERS = ("embedding",)
 _AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")

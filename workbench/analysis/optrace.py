@@ -3,9 +3,8 @@
     origin = first_operation(trace_a, trace_b)     # traces: read_op_trace(run_dir, step)
     origin.summary()
 
-Pure: two tables of traced operations in (one row per operation and rank: ``seq``,
-``tp_rank``, ``phase``, ``microbatch``, ``scope``, ``op``, ``occurrence``, ``source``, ``inputs`` and
-``outputs`` as [shape, dtype, fingerprint, non-finite count, defined]), a small result out.
+Pure: two tables of traced operations in (``workbench.store.op_trace.read_trace``: one row
+per operation and rank, inputs and outputs as ``TracedTensor``), a small result out.
 
 Within a run, operations are keyed by (phase, micro-batch, scope, op, occurrence) and merged
 over tensor-parallel ranks. Across runs, the operation sequences of each (phase, micro-batch,
@@ -39,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import WorkbenchError
+from workbench.store.op_trace import TracedTensor
 
 Key = tuple[str, int, str, str, int]
 """(phase, micro-batch, scope, op, occurrence)"""
@@ -128,30 +128,28 @@ class _Merged:
     outputs: list[tuple[tuple[int, ...], str | None]]
 
 
-def _merge_tensors(per_rank: list[list[list[Any]]]) -> list[tuple[tuple[int, ...], str | None]]:
+def _merge_tensors(per_rank: list[list[TracedTensor]]) -> list[tuple[tuple[int, ...], str | None]]:
     """(shape, fingerprint) per tensor; fingerprint None unless every rank holds the same bits."""
     if len({len(t) for t in per_rank}) != 1:
         return []
     merged = []
     for tensors in zip(*per_rank):
-        shapes = {tuple(t[0]) for t in tensors}
-        prints = {t[2] for t in tensors}
+        shapes = {t.shape for t in tensors}
+        prints = {t.fingerprint for t in tensors}
         same = len(shapes) == 1 and len(prints) == 1 and None not in prints
-        merged.append((tuple(tensors[0][0]), tensors[0][2] if same else None))
+        merged.append((tensors[0].shape, tensors[0].fingerprint if same else None))
     return merged
 
 
 def _without_undefined(trace: pd.DataFrame) -> pd.DataFrame:
     """The trace with the fingerprints of uninitialised memory removed, wherever those bytes appear."""
-    outputs = [t for tensors in trace["outputs"] for t in tensors]
+    outputs: list[TracedTensor] = [t for tensors in trace["outputs"] for t in tensors]
     # Bytes that some operation also produced as a defined value (memory reused by the allocator
     # still holds an earlier tensor) stay comparable: only junk nothing computed is removed.
-    undefined = {t[2] for t in outputs if len(t) > 4 and not t[4]} - \
-        {t[2] for t in outputs if len(t) <= 4 or t[4]}
+    undefined = {t.fingerprint for t in outputs if not t.defined} - {t.fingerprint for t in outputs if t.defined}
 
-    def clean(tensors: list[list[Any]]) -> list[list[Any]]:
-        return [[t[0], t[1], None, *t[3:]] if t[2] in undefined or (len(t) > 4 and not t[4]) else t
-                for t in tensors]
+    def clean(tensors: list[TracedTensor]) -> list[TracedTensor]:
+        return [t.without_fingerprint() if t.fingerprint in undefined or not t.defined else t for t in tensors]
     return trace.assign(inputs=trace["inputs"].map(clean), outputs=trace["outputs"].map(clean))
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from workbench.analysis.compare import IncomparableRunsError, compare
 from workbench.analysis.difference import relative
-from workbench.analysis.records import RunRecords
+from workbench.store.records import RunRecords
 
 SCALARS = ("loss", "grad_norm")
 """Per-step scalars that must be bitwise equal (step time and throughput are not numerics)."""

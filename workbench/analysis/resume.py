@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.analysis.compare import Comparison, IncomparableRunsError, compare
-from workbench.analysis.records import RunRecords
 from workbench.errors import ArgumentError
+from workbench.store.records import RunRecords
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from workbench.analysis.records import RunRecords
 from workbench.errors import ArgumentError, WorkbenchError
 from workbench.sites import layer_of, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, new_run_id, store_attributes
+from workbench.store.records import RunRecords
 from workbench.store.writer import (
     ScalarWriter,
     SiteInfo,

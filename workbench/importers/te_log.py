@@ -52,9 +52,9 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from workbench.analysis.records import RunRecords
 from workbench.importers.table import ImportFormatError, LogNotFoundError, long_table, row_keys, write_run_from_table
 from workbench.sites import SITE_KINDS, split_site, strip_wrappers
+from workbench.store.records import RunRecords
 
 FORMAT = "transformer_engine_debug_log"
 TE_LOG_DIR = "nvdlfw_inspect_statistics_logs"

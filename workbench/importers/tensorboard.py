@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.records import RunRecords
 from workbench.errors import UnsupportedError
 from workbench.importers.table import ImportFormatError, LogNotFoundError, long_table, row_keys
 from workbench.importers.te_log import DEFAULT_STATS
+from workbench.store.records import RunRecords
 
 TAG_SEPARATOR = "/"
 

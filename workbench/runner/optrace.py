@@ -6,11 +6,11 @@
 
 A ``TorchDispatchMode`` sees each operation below autograd: forward, backward (the autograd
 engine's own kernels and custom ``backward`` functions), communication (``c10d`` ops) and
-the optimizer. For each one it writes a line:
-
-    seq, phase (forward | backward | step), micro-batch, scope (canonical module name), op, occurrence,
-    source (file:line of the Python code that issued it), inputs and outputs as
-    [shape, dtype, fingerprint, non-finite count, defined]
+the optimizer. For each one it writes a ``TracedOperation`` (``workbench.store.op_trace``, which
+owns the file's schema): seq, phase (forward | backward | step), micro-batch, scope (canonical
+module name), op, occurrence, source (file:line of the Python code that issued it), and its
+input and output tensors' shape, dtype, fingerprint, non-finite count and whether they are
+defined.
 
 Operations are aligned across two runs by (phase, scope, op, occurrence). The module scope
 of a forward operation comes from a stack kept by global module hooks, its micro-batch from
@@ -28,7 +28,6 @@ one step of a replay.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import warnings
@@ -43,6 +42,7 @@ from torch.utils._pytree import tree_leaves
 
 from workbench.recorder.targets import first_expert, global_layers, unwrap
 from workbench.sites import canonical_name
+from workbench.store.op_trace import TracedOperation, TracedTensor, write_trace
 
 SCOPE_KEY = "workbench_scope"
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -63,11 +63,11 @@ def fingerprint(t: torch.Tensor) -> str:
     return hashlib.blake2b(data.tobytes(), digest_size=8).hexdigest()
 
 
-def _describe(t: torch.Tensor, defined: bool = True) -> list[Any]:
-    """[shape, dtype, fingerprint, non-finite count, defined]; an undefined tensor (uninitialised memory)
-    is still fingerprinted, so that analysis can recognise its bytes where a later operation reads them."""
+def _describe(t: torch.Tensor, defined: bool = True) -> TracedTensor:
+    """An undefined tensor (uninitialised memory) is still fingerprinted, so that analysis can recognise
+    its bytes where a later operation reads them."""
     nonfinite = int((~torch.isfinite(t)).sum()) if t.is_floating_point() and t.numel() else 0
-    return [list(t.shape), str(t.dtype).removeprefix("torch."), fingerprint(t), nonfinite, defined]
+    return TracedTensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), fingerprint(t), nonfinite, defined)
 
 
 def _short(path: str) -> str:
@@ -136,7 +136,7 @@ class OpTracer(TorchDispatchMode):
     def __init__(self, chunks: list[torch.nn.Module], *, rank: int, tp_rank: int) -> None:
         super().__init__()
         self.rank, self.tp_rank = rank, tp_rank
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[TracedOperation] = []
         self._names: dict[int, str] = {}
         for chunk in chunks:
             model = unwrap(chunk)
@@ -239,18 +239,12 @@ class OpTracer(TorchDispatchMode):
         outputs += [_describe(t._base) for t in _written(func, args, kwargs) if t._base is not None]
         op = str(func.overloadpacket.__name__) if name.startswith("aten::") else name.replace("::", ".")
         key = (phase, scope, op)
-        self.rows.append({"seq": len(self.rows), "rank": self.rank, "tp_rank": self.tp_rank, "phase": phase,
-                          "microbatch": microbatch, "scope": scope, "op": op, "occurrence": self._occurrence[key],
-                          "node": node.name() if node is not None else None, "source": source,
-                          "inputs": inputs, "outputs": outputs})
+        self.rows.append(TracedOperation(seq=len(self.rows), rank=self.rank, tp_rank=self.tp_rank, phase=phase,
+                                         microbatch=microbatch, scope=scope, op=op, occurrence=self._occurrence[key],
+                                         node=node.name() if node is not None else None, source=source,
+                                         inputs=inputs, outputs=outputs))
         self._occurrence[key] += 1
         return out
 
     def write(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        with tmp.open("w") as f:
-            for row in self.rows:
-                f.write(json.dumps(row, separators=(",", ":")) + "\n")
-        tmp.replace(path)
-        return path
+        return write_trace(path, self.rows)

@@ -24,7 +24,6 @@ import pandas as pd
 import xarray as xr
 import zarr
 
-from workbench.analysis.records import RunRecords
 from workbench.config import RunConfig
 from workbench.errors import (
     ArgumentError,
@@ -38,6 +37,8 @@ from workbench.errors import (
 )
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, parse_manifest
+from workbench.store.op_trace import read_trace
+from workbench.store.records import RunRecords
 
 
 class Run:
@@ -221,11 +222,11 @@ class Run:
             traced = ", ".join(map(str, self.op_trace_steps())) or "none"
             raise NoSitesError(f"{self.path}: no operation trace of step {step} (traced steps: {traced}); "
                                f"make one with `workbench replay {self.path} --step {step} --trace`")
-        frames = [pd.read_json(f, lines=True, dtype=False) for f in files if f.stat().st_size]
-        if not frames:
+        trace = read_trace(files)
+        if trace.empty:
             raise NoSitesError(f"{self.path}: the operation trace of step {step} holds no operations "
                                f"({', '.join(f.name for f in files)} are empty)")
-        return pd.concat(frames, ignore_index=True).sort_values(["tp_rank", "seq"], kind="stable")
+        return trace
 
     def records(self, *, lazy: bool = True) -> RunRecords:
         """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read

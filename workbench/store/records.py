@@ -1,4 +1,4 @@
-"""What analysis reads from a run: plain in-memory tables, built by the store layer.
+"""What analysis reads from a run: plain in-memory tables, built by the store layer (no I/O here).
 
 ``RunRecords`` holds a run's fingerprints, statistics and site order as pandas / xarray
 objects. ``workbench.store.reader.Run.records()`` builds one from a store; tests build
