@@ -24,7 +24,7 @@ test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q --durations=10
 
 lint: $(STAMP)
-	$(BIN)/ruff check workbench tests benchmarks
+	$(BIN)/ruff check workbench tests benchmarks data
 	$(BIN)/mypy workbench
 
 bench: $(STAMP)
