@@ -11,11 +11,7 @@ import pytest
 import zarr
 
 from workbench.analysis.scales import (
-    BEYOND_FLOOR,
-    BEYOND_SEEDS,
-    NO_SCALE,
-    WITHIN_FLOOR,
-    WITHIN_SEEDS,
+    ScaleVerdict,
     judge_against_scales,
     spread,
 )
@@ -35,12 +31,13 @@ def test_each_verdict_follows_from_the_two_ranges() -> None:
                                  seed_runs=["ref", "s1", "s2"]).set_index("run")
     assert table["noise_floor"].tolist() == pytest.approx([2e-4] * 3)
     assert table["seed_spread"].tolist() == pytest.approx([0.03] * 3)
-    assert table["verdict"].tolist() == [WITHIN_FLOOR, WITHIN_SEEDS, BEYOND_SEEDS]
+    assert table["verdict"].tolist() == [ScaleVerdict.WITHIN_FLOOR, ScaleVerdict.WITHIN_SEEDS,
+                                         ScaleVerdict.BEYOND_SEEDS]
     assert table.loc["mid", "difference"] == pytest.approx(0.005)
     no_seeds = judge_against_scales(final, reference="ref", runs=["mid"], floor_runs=["a", "b"], seed_runs=[])
-    assert no_seeds["verdict"].tolist() == [BEYOND_FLOOR] and math.isnan(no_seeds["seed_spread"][0])
+    assert no_seeds["verdict"].tolist() == [ScaleVerdict.BEYOND_FLOOR] and math.isnan(no_seeds["seed_spread"][0])
     alone = judge_against_scales(final, reference="ref", runs=["mid"], floor_runs=[], seed_runs=["s1"])
-    assert alone["verdict"].tolist() == [NO_SCALE]  # one seed run is no spread
+    assert alone["verdict"].tolist() == [ScaleVerdict.NO_SCALE]  # one seed run is no spread
     assert math.isnan(spread([1.0, math.nan])) and spread([1.0, 3.0, math.nan]) == 2.0
 
 
@@ -85,7 +82,7 @@ def test_the_workspace_finds_the_seed_runs_and_judges_the_others(study: Path) ->
     assert (low[5], high[5]) == (1.98, 2.01) and math.isnan(low[0])
     step, table = ws.scales("val_loss", ["half"])
     assert step == 5  # the last step where every run has a validation loss
-    assert table["verdict"].tolist() == [WITHIN_SEEDS]
+    assert table["verdict"].tolist() == [ScaleVerdict.WITHIN_SEEDS]
     assert table["seed_spread"][0] == pytest.approx(0.03) and table["noise_floor"][0] == pytest.approx(2e-4)
     seeds = ws.seed_ladder()
     assert seeds is not None and list(seeds.summary["run"]) == ["seed2", "seed3"]
@@ -98,7 +95,7 @@ def test_without_other_seeds_there_is_no_spread(tmp_path: Path) -> None:
     ws = Workspace.open(tmp_path)
     assert ws.seed_runs == [] and ws.scalar_seed_spread("val_loss") is None and ws.seed_ladder() is None
     step, table = ws.scales("val_loss")
-    assert step == 5 and table["verdict"].tolist() == [NO_SCALE]
+    assert step == 5 and table["verdict"].tolist() == [ScaleVerdict.NO_SCALE]
 
 
 def _band(figure, name: str) -> list[float]:  # type: ignore[no-untyped-def]

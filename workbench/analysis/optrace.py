@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import pandas as pd
@@ -70,13 +71,22 @@ class Operation:
         return text + (f" at {self.source}" if self.source else "")
 
 
+class OriginVerdict(StrEnum):
+    """What the comparison of two traces found."""
+
+    IDENTICAL = "identical"
+    """Every aligned operation has equal outputs."""
+    ORIGIN = "origin"
+    """An aligned operation with equal inputs and different outputs."""
+    UNALIGNED = "unaligned"
+    """An operation of one run only, or with inputs split over ranks, made the first difference."""
+    UNTRACED = "untraced"
+    """An input differs and no traced operation of the step made it: the state before the step differs."""
+
+
 @dataclass(frozen=True)
 class OperationOrigin:
-    verdict: str
-    """'identical', 'origin' (an aligned operation with equal inputs and different outputs),
-    'unaligned' (an operation of one run only, or with inputs split over ranks, made the first
-    difference) or 'untraced' (an input differs and no traced operation of the step made it:
-    the state before the step differs)."""
+    verdict: OriginVerdict
     origin: Operation | None
     first_affected: Operation | None
     """The first aligned operation with a differing input."""
@@ -93,27 +103,27 @@ class OperationOrigin:
 
     @property
     def identical(self) -> bool:
-        return self.verdict == "identical"
+        return self.verdict == OriginVerdict.IDENTICAL
 
     def summary(self) -> str:
         counts = f"{self.aligned} aligned operations, {self.only_a} only in A, {self.only_b} only in B"
         if self.identical:
             return f"every aligned operation has equal outputs ({counts})"
         assert self.origin is not None or self.first_affected is not None
-        if self.verdict == "untraced":
+        if self.verdict == OriginVerdict.UNTRACED:
             assert self.first_affected is not None
             return (f"an input of {self.first_affected.describe()} already differs and no traced operation of "
                     f"this step made it: the state before the step differs ({counts})")
         assert self.origin is not None
         which = {"a": " (only in run A)", "b": " (only in run B)", "both": ""}[self.origin.run]
-        kind = "origin" if self.verdict == "origin" else "first difference made by"
+        kind = "origin" if self.verdict == OriginVerdict.ORIGIN else "first difference made by"
         return (f"{kind}: {self.origin.describe()}{which}; {self.downstream} later operations have "
                 f"differing inputs ({counts})")
 
     def to_dict(self) -> dict[str, Any]:
         def op(o: Operation | None) -> dict[str, Any] | None:
             return None if o is None else dict(o.__dict__)
-        return {"verdict": self.verdict, "origin": op(self.origin), "first_affected": op(self.first_affected),
+        return {"verdict": str(self.verdict), "origin": op(self.origin), "first_affected": op(self.first_affected),
                 "aligned": self.aligned, "only_a": self.only_a, "only_b": self.only_b,
                 "downstream": self.downstream, "summary": self.summary()}
 
@@ -238,7 +248,7 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
     only_a, only_b = len(ops_a) - len(aligned), len(ops_b) - len(aligned)
     origin: Operation | None = None
     first_affected: Operation | None = None
-    verdict = "identical"
+    verdict = OriginVerdict.IDENTICAL
     downstream = 0
     differing: list[int] = []
     rows = []
@@ -256,7 +266,7 @@ def first_operation(trace_a: pd.DataFrame, trace_b: pd.DataFrame) -> OperationOr
                     origin, verdict = _made_by(ops_a, order_a, ops_b, order_b, pairs, a, b, differing[0])
             continue
         if first_affected is None and origin is None and "differ" in outputs:
-            origin, verdict = _operation(a, "both"), "origin"
+            origin, verdict = _operation(a, "both"), OriginVerdict.ORIGIN
     table = pd.DataFrame(rows, columns=["position", "phase", "microbatch", "scope", "op", "occurrence", "inputs",
                                         "outputs"])
     return OperationOrigin(verdict=verdict, origin=origin, first_affected=first_affected, aligned=len(aligned),
@@ -272,7 +282,7 @@ def _overall(statuses: list[str]) -> str:
 
 
 def _made_by(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Merged], order_b: list[Key],
-             pairs: dict[Key, Key], a: _Merged, b: _Merged, index: int) -> tuple[Operation | None, str]:
+             pairs: dict[Key, Key], a: _Merged, b: _Merged, index: int) -> tuple[Operation | None, OriginVerdict]:
     """The operation that made input ``index`` of the aligned pair (a, b) differ."""
     found = []
     paired_b = set(pairs.values())
@@ -284,7 +294,7 @@ def _made_by(ops_a: dict[Key, _Merged], order_a: list[Key], ops_b: dict[Key, _Me
             found.append((aligned, _operation(ops[key], "both" if aligned else run)))
     unaligned = [op for is_aligned, op in found if not is_aligned]
     if unaligned:
-        return unaligned[0], "unaligned"
+        return unaligned[0], OriginVerdict.UNALIGNED
     if found:
-        return found[0][1], "unaligned"
-    return None, "untraced"
+        return found[0][1], OriginVerdict.UNALIGNED
+    return None, OriginVerdict.UNTRACED

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from enum import StrEnum
 
 import pandas as pd
 
-WITHIN_FLOOR = "within the noise floor"
-WITHIN_SEEDS = "beyond the noise floor, within the seed spread"
-BEYOND_SEEDS = "beyond the seed spread"
-BEYOND_FLOOR = "beyond the noise floor (no seed runs to judge against)"
-NO_SCALE = "no noise floor or seed runs to judge against"
+
+class ScaleVerdict(StrEnum):
+    """Where a run's difference from the reference lies against the two scales."""
+
+    WITHIN_FLOOR = "within the noise floor"
+    WITHIN_SEEDS = "beyond the noise floor, within the seed spread"
+    BEYOND_SEEDS = "beyond the seed spread"
+    BEYOND_FLOOR = "beyond the noise floor (no seed runs to judge against)"
+    NO_SCALE = "no noise floor or seed runs to judge against"
 
 
 def spread(values: Iterable[float]) -> float:
@@ -41,11 +46,11 @@ def judge_against_scales(final: Mapping[str, float], *, reference: str, runs: It
     for name in runs:
         difference = abs(final[name] - final[reference])
         if math.isfinite(floor) and difference <= floor:
-            verdict = WITHIN_FLOOR
+            verdict = ScaleVerdict.WITHIN_FLOOR
         elif math.isfinite(seeds):
-            verdict = WITHIN_SEEDS if difference <= seeds else BEYOND_SEEDS
+            verdict = ScaleVerdict.WITHIN_SEEDS if difference <= seeds else ScaleVerdict.BEYOND_SEEDS
         else:
-            verdict = BEYOND_FLOOR if math.isfinite(floor) else NO_SCALE
+            verdict = ScaleVerdict.BEYOND_FLOOR if math.isfinite(floor) else ScaleVerdict.NO_SCALE
         rows.append({"run": name, "value": final[name], "difference": difference, "noise_floor": floor,
                      "seed_spread": seeds, "verdict": verdict})
     return pd.DataFrame(rows, columns=["run", "value", "difference", "noise_floor", "seed_spread", "verdict"])

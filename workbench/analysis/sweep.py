@@ -14,11 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import pandas as pd
 
 from workbench.analysis.compare import Comparison, IncomparableRunsError
 from workbench.errors import ArgumentError
+
+
+class PairVerdict(StrEnum):
+    """How two runs of a sweep compare."""
+
+    IDENTICAL = "identical"
+    DIFFER = "differ"
+    INCOMPARABLE = "incomparable"
 
 
 @dataclass(frozen=True)
@@ -39,8 +48,8 @@ class SweepMatrix:
         rows = []
         for i, a in enumerate(self.names):
             for b in self.names[i + 1:]:
-                verdict = ("incomparable" if (a, b) in self.incomparable else
-                           "identical" if self.identical.loc[a, b] else "differ")
+                verdict = (PairVerdict.INCOMPARABLE if (a, b) in self.incomparable else
+                           PairVerdict.IDENTICAL if self.identical.loc[a, b] else PairVerdict.DIFFER)
                 rows.append({"a": a, "b": b, "verdict": verdict, "first_step": self.first_step.loc[a, b]})
         return pd.DataFrame(rows, columns=["a", "b", "verdict", "first_step"])
 
