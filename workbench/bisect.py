@@ -1,7 +1,7 @@
 """Bisect two runs from step to site to operation, and write the answer into a small report.
 
     result = bisect("data/runs/demo/det-r0", "data/runs/demo/fault")
-    print(result.summary())       # step 30 -> act:layers.2.mlp -> operation ... at faults.py:48
+    print(result.summary())       # step 33 -> act:layers.2.mlp -> forward copy_ in layers.2.mlp at faults.py:53
 
 1. **Step and site** from the stores: the first step at which a fingerprint differs, and
    the first site in execution order (``analysis.compare``).

@@ -36,6 +36,13 @@ class ParallelRanks:
     expert_dp_rank: int = 0
     """Rank among the replicas of this rank's experts (Megatron's expert-data-parallel group)."""
 
+    def tensor_parallel(self, param: torch.Tensor) -> tuple[int, int]:
+        """(rank, size) in the group that splits ``param``: the expert-tensor-parallel group for an expert's
+        parameter, the tensor-parallel group for any other."""
+        if is_expert_parameter(param):
+            return self.expert_tp_rank, self.expert_tp_size
+        return self.tp_rank, self.tp_size
+
     @classmethod
     def current(cls) -> ParallelRanks:
         from megatron.core import parallel_state as ps
@@ -102,12 +109,9 @@ def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> li
         model = unwrap(chunk)
         layers, first = global_layers(model), first_expert(model)
         for local_name, param in model.named_parameters():
-            if is_expert_parameter(param):
-                placement = parameter_placement(param, tp_rank=ranks.expert_tp_rank, tp_size=ranks.expert_tp_size,
-                                                dp_rank=ranks.expert_dp_rank)
-            else:
-                placement = parameter_placement(param, tp_rank=ranks.tp_rank, tp_size=ranks.tp_size,
-                                                dp_rank=ranks.dp_rank)
+            tp_rank, tp_size = ranks.tensor_parallel(param)
+            dp_rank = ranks.expert_dp_rank if is_expert_parameter(param) else ranks.dp_rank
+            placement = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=dp_rank)
             targets.append(ParameterTarget(canonical_name(local_name, layers, first), param, placement))
     return targets
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from workbench.errors import CheckpointError
-from workbench.recorder.targets import is_expert_parameter
+from workbench.recorder.targets import ParallelRanks
 from workbench.store.layout import MEGATRON_CHECKPOINT, RunPaths
 
 
@@ -49,10 +49,7 @@ def _writes_model_file(directory: Path) -> bool:
 
 def _shard_info(param: torch.Tensor) -> list[int] | None:
     """[partition dim, TP rank, TP size] of a tensor-parallel parameter, None for a replica."""
-    if is_expert_parameter(param):
-        rank, size = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
-    else:
-        rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    rank, size = ParallelRanks.current().tensor_parallel(param)
     if not getattr(param, "tensor_model_parallel", False) or size == 1:
         return None
     return [int(param.partition_dim), rank, size]  # type: ignore[attr-defined]

@@ -12,7 +12,6 @@ and never touches a process that has CUDA.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -100,11 +99,3 @@ def install_if_needed() -> bool:
 
 def is_installed() -> bool:
     return _installed is not None
-
-
-@functools.cache
-def accelerator() -> torch.device:
-    """The device training runs on: the local GPU when present, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return _CPU

@@ -38,7 +38,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from workbench import determinism
 from workbench.config import Precision, RunConfig
 from workbench.errors import UnsupportedError
-from workbench.recorder.targets import first_expert, is_expert_parameter
+from workbench.recorder.targets import ParallelRanks, first_expert
 from workbench.sites import canonical_name
 
 
@@ -247,11 +247,9 @@ def initial_value(name: str, shape: list[int], *, seed: int, std: float, num_lay
 @torch.no_grad()
 def initialize_parameters(gpt: torch.nn.Module, cfg: RunConfig, global_layer: dict[int, int],
                           first: int = 0) -> None:
+    ranks = ParallelRanks.current()
     for local_name, param in gpt.named_parameters():
-        if is_expert_parameter(param):  # split over the expert-tensor-parallel group (size 1 in this runner)
-            tp_size, tp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
-        else:
-            tp_size, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        tp_rank, tp_size = ranks.tensor_parallel(param)  # experts: the expert-TP group (size 1 in this runner)
         name = canonical_name(local_name, global_layer, first)
         full = initial_value(name, full_shape(param, tp_size), seed=cfg.seed, std=cfg.model.init_std,
                              num_layers=cfg.model.num_layers)
