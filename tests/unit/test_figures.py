@@ -15,7 +15,7 @@ from workbench.analysis.ladder import ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, Provenance
+from workbench.figures.style import PALETTE, Provenance, for_paper
 from workbench.figures.trajectories import trajectory_figure
 
 PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
@@ -37,7 +37,29 @@ def test_heatmap_marks_first_divergence_and_frontier() -> None:
     assert first.x == (3,) and first.y == ("act:layers.0.mlp",)
     assert dict(zip(frontier.y, frontier.x))["act:layers.0.mlp"] == 3
     assert "first divergence at step 3" in fig.layout.title.text
+    assert "act:layers.0.mlp" in fig.layout.title.subtitle.text
     assert any("a-1234" in t and "schema v1" in t and "abcdef012345" in t for t in _annotation_texts(fig))
+
+
+@pytest.mark.parametrize("site", ["grad:embedding.word_embeddings.weight", "act_grad:layers.0"])
+def test_heatmap_title_subtitle_legend_and_label_each_have_their_own_place(site: str) -> None:
+    a = records("a", steps=20)
+    result = compare(a, perturb(a, "b", step=15, site=site))
+    screen = divergence_heatmap(result, provenance=PROVENANCE)
+    assert "<br>" not in screen.layout.title.text  # the site is the subtitle, not a second line squeezed under it
+    assert screen.layout.title.subtitle.text == f"at {site}"
+    assert (screen.layout.legend.y, screen.layout.legend.yanchor) == (1.0, "bottom")  # above the plot, in the margin
+    assert [t.name for t in screen.data if t.showlegend is not False and t.type != "heatmap"] == \
+        ["frontier (first divergent step per site)"]  # one entry: the legend never wraps into the title
+    rows = len(screen.data[0].y)
+    for fig in (screen, for_paper(screen, "column"), for_paper(screen, "page")):
+        (label,) = [a for a in fig.layout.annotations if a.name == "first-divergence"]
+        # placed in data coordinates, inside the matrix: clear of the title, the legend and the colour bar
+        assert (label.axref, label.ayref) == ("x", "y") and 0 <= label.ax <= 19 and 0 <= label.ay <= rows - 1
+        assert label.text.startswith("first: step 15<br>")
+        assert max(len(line) for line in label.text.split("<br>")) <= 24  # long site names broken at dots
+        assert abs(label.ay - list(fig.data[0].y).index(label.y)) >= 0.25 * (rows - 1)  # the marker stays visible
+    assert list(screen.layout.yaxis.range) == [rows - 0.5, -0.5] and list(screen.layout.xaxis.range) == [-0.5, 19.5]
 
 
 def test_heatmap_rows_follow_model_order_and_bins_keep_the_largest_difference() -> None:
