@@ -173,3 +173,22 @@ def test_the_heatmap_matrix_block_by_block_is_the_cell_by_cell_rule(monkeypatch:
             assert matrix.loc[site, step] == expected, (site, step)
     with pytest.raises(KeyError, match="not sites both runs recorded"):
         heatmap_matrix(result, sites=[*SITES[:2], "act:layers.9.mlp"], relative=rel)
+
+
+def test_resized_wraps_the_footer_to_the_width_and_grows_the_bottom_margin_for_it() -> None:
+    from workbench.figures.style import resized
+
+    provenance = Provenance(runs=tuple(f"run-{i}-0123456789" for i in range(6)),
+                            configs=("L2 H64 TP1-PP1-DP1 fp32 det seed1234", "L2 H64 TP2-PP1-DP1 fp32 det seed1234"),
+                            schema_version=2, revision="abcdef0123456")
+    fig = trajectory_figure({"a": pd.Series([1.0, 2.0])}, reference="a", provenance=provenance)
+    small = resized(fig, 500, 400)
+    (before,) = [a for a in fig.layout.annotations if a.name == "provenance"]
+    (after,) = [a for a in small.layout.annotations if a.name == "provenance"]
+    assert (small.layout.width, small.layout.height) == (500, 400) and fig.layout.width is None  # a copy
+    lines = after.text.split("<br>")
+    assert len(lines) > before.text.count("<br>") + 1  # wrapped
+    assert max(len(line) for line in lines) <= (500 - small.layout.margin.l) / (0.62 * after.font.size)
+    assert after.text.replace("<br>", " ").split() == before.text.replace("<br>", " ").split()  # every word kept
+    extra = len(lines) - before.text.count("<br>") - 1
+    assert small.layout.margin.b > fig.layout.margin.b and after.yshift == -small.layout.margin.b + 8 and extra > 0
