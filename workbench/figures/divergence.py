@@ -230,7 +230,7 @@ def amplification_figure(result: Comparison, stat: str = "l2", *,
                                  line=dict(color="#000000", dash="dot", width=2)))
     apply_style(fig, title=f"{result.a} vs {result.b}: growth of the relative difference of {stat} "
                 f"after step {result.first_step}", provenance=provenance)
-    fig.update_yaxes(type="log", title=f"relative difference of {stat} (median over the layer's sites)",
+    fig.update_yaxes(type="log", title=f"relative difference of {stat}<br>(median over the layer's sites)",
                      exponentformat="power")
     fig.update_xaxes(title="step")
     return fig
