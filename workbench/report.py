@@ -8,13 +8,16 @@ floor with every run's anomalies marked (and listed in a table), the heatmap and
 each run against the reference (repeats against each other), the precision/layout ladder,
 element-wise snapshot differences, and the cost of determinism. The HTML file embeds
 plotly.js once and works offline; the PDF is the same page with static SVG figures printed
-by headless Chromium.
+by headless Chromium on A4: tables wrap their cells and preformatted text its lines to the
+page's width, and each figure is drawn the page's width across and (unless it needs more)
+half its height, so two figures share a page.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -28,6 +31,7 @@ from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure, sources_figure
+from workbench.figures.style import resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.study_report import StudySummary, summarise
 from workbench.workspace import Workspace
@@ -36,6 +40,13 @@ MAX_PAIRS = 8
 """Heatmap and growth figures for at most this many pairs, so a report of a large study stays readable."""
 MAX_ANOMALY_ROWS = 40
 """Rows of the anomaly table shown; the loss figure marks them all."""
+PRINT_WIDTH = 700
+"""Pixels a figure of the PDF is wide: A4 less 12 mm margins is 186 mm, 703 CSS pixels at 96 per inch."""
+PRINT_HALF_PAGE = 480
+"""Most pixels a figure of the PDF is high when two share a page (A4 less margins is 273 mm, 1032 pixels,
+less the gaps around them)."""
+PRINT_FULL_PAGE = 1000
+"""Most pixels a figure of the PDF is high when it needs a page of its own."""
 
 
 def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
@@ -56,12 +67,24 @@ def anomaly_table(ws: Workspace) -> pd.DataFrame:
     return pd.concat(tables, ignore_index=True)[["run", *ANOMALY_COLUMNS]]
 
 
-def _anomaly_text(found: pd.DataFrame) -> str:
+def _table(frame: pd.DataFrame, *, index: bool = False, floats: Callable[[float], str] | None = None) -> str:
+    """``frame`` as an HTML table whose cells wrap: names may break after their dots and underscores
+    (``leaves_floor_at``, ``grad:embedding.word_embeddings.weight``), so a wide table fits the page."""
+    table = frame.to_html(index=index, float_format=floats, border=0, classes="data", na_rep="NaN", escape=True)
+    # in text only (tags hold neither), and not in numbers: 1.5e-03 stays whole
+    return "".join(part if part.startswith("<") else _BREAK_AFTER.sub(r"\1<wbr>", part)
+                   for part in re.split(r"(<[^>]*>)", table))
+
+
+_BREAK_AFTER = re.compile(r"(?<=[A-Za-z])([._])(?=[A-Za-z])")
+
+
+def _anomaly_html(found: pd.DataFrame) -> str:
     if found.empty:
-        return "no anomalies in any run"
+        return "<p>no anomalies in any run</p>"
     shown = found[["run", "step", "rule", "site", "value"]].head(MAX_ANOMALY_ROWS)
-    more = f"\n... and {len(found) - len(shown)} more" if len(found) > len(shown) else ""
-    return shown.to_string(index=False, float_format=lambda x: f"{x:.4g}") + more
+    more = f"<p>... and {len(found) - len(shown)} more</p>" if len(found) > len(shown) else ""
+    return _table(shown, floats=lambda x: f"{x:.4g}") + more
 
 
 def report_figures(ws: Workspace) -> dict[str, go.Figure]:
@@ -93,29 +116,58 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
 
 def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: str) -> str:
     findings = "".join(f"<li>{html.escape(line)}</li>" for line in summary.findings)
+    tables = "".join(f"<h3>{html.escape(t.heading[:1].upper() + t.heading[1:])}</h3>"
+                     f"{_table(t.frame, index=t.index, floats=t.format)}" for t in summary.tables())
     manifests = "".join(
         f"<details><summary>{html.escape(name)} ({html.escape(run.run_id)})</summary>"
         f"<pre>{html.escape(json.dumps(run.manifest, indent=1, default=str))}</pre></details>"
         for name, run in ws.runs.items())
     figures = "".join(f'<section class="figure" id="{html.escape(name)}">{body}</section>'
                       for name, body in bodies.items())
+    runs = _table(summary.runs.drop(columns=["path"]), floats=lambda x: f"{x:.4f}")
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Divergence report</title>{head}
-<style>
-body {{ font-family: "DejaVu Sans", Arial, sans-serif; max-width: 1150px; margin: 2em auto; color: #222; }}
-pre {{ font-size: 11px; background: #f6f6f6; padding: 0.6em; overflow-x: auto; }}
-section.figure {{ margin: 1.5em 0; page-break-inside: avoid; }}
-li {{ margin: 0.3em 0; }}
-</style></head><body>
+<style>{_STYLE}</style></head><body>
 <h1>Divergence report</h1>
-<h2>Runs</h2><pre>{html.escape(summary.runs.drop(columns=["path"]).to_string(index=False))}</pre>
+<h2>Runs</h2>{runs}
 <h2>Findings (reference {html.escape(summary.reference)})</h2><ul>{findings}</ul>
-<h2>Summary</h2><pre>{html.escape(summary.text())}</pre>
-<h2>Anomalies</h2><pre>{html.escape(_anomaly_text(anomaly_table(ws)))}</pre>
+{tables}
+<h2>Anomalies</h2>{_anomaly_html(anomaly_table(ws))}
 <h2>Figures</h2>{figures}
 <h2>Manifests</h2>{manifests}
 </body></html>
 """
+
+
+_STYLE = """
+@page { size: A4; margin: 12mm; }
+body { font-family: "DejaVu Sans", Arial, sans-serif; max-width: 1150px; margin: 2em auto; color: #222; }
+h3 { font-size: 1em; font-weight: 600; margin: 1.2em 0 0.4em; }
+li { margin: 0.3em 0; overflow-wrap: anywhere; }
+pre { font-size: 11px; background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
+table.data { border-collapse: collapse; font-size: 12px; margin: 0.3em 0 0.8em; }
+table.data th, table.data td { padding: 2px 8px; border-bottom: 1px solid #e2e2e2; text-align: left;
+                               vertical-align: top; overflow-wrap: break-word; }
+table.data th { background: #f0f0f0; }
+section.figure { margin: 1em 0; break-inside: avoid; page-break-inside: avoid; }
+section.figure > svg { display: block; max-width: 100%; height: auto; }
+@media print {
+  body { margin: 0; max-width: none; font-size: 12px; }
+  h2, h3 { break-after: avoid; page-break-after: avoid; }
+  table.data { font-size: 10px; }
+  section.figure { margin: 0.3em 0; }
+}
+"""
+"""Tables and text wrap within the page (no box scrolls: a scroll bar would be printed)."""
+
+
+def _for_print(fig: go.Figure) -> go.Figure:
+    """``fig`` at the width of the page and half its height (two to a page); one that needs more than ~600 px
+    (a heatmap of many layers, its labels 14 px apart) keeps its height, up to a page. Wider figures keep their
+    width and are scaled to the page."""
+    height = fig.layout.height or 520
+    height = min(height, PRINT_HALF_PAGE) if height <= 600 else min(height, PRINT_FULL_PAGE)
+    return resized(fig, max(fig.layout.width or 0, PRINT_WIDTH), height)
 
 
 def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
@@ -139,7 +191,8 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
     from workbench.figures.export import export_figures
 
     with tempfile.TemporaryDirectory() as tmp:
-        written = export_figures(figures, tmp, ["svg"], scale=1.0, progress=say)
+        printed = {name: _for_print(fig) for name, fig in figures.items()}
+        written = export_figures(printed, tmp, ["svg"], scale=1.0, progress=say)
         bodies = {path.stem: path.read_text(encoding="utf-8") for path in written}
         page = Path(tmp) / "report.html"
         page.write_text(_page(summary, ws, bodies, ""), encoding="utf-8")

@@ -7,6 +7,7 @@ noise-floor runs) and hands their records to the analysis functions. ``workbench
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,35 +40,60 @@ class StudySummary:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
                  f"findings (reference {self.reference}):"]
         lines += [f"- {line}" for line in self.findings]
+        for table in self.tables():
+            lines += ["", f"{table.heading}:", table.frame.to_string(index=table.index, float_format=table.format)]
+        return "\n".join(lines)
+
+    def tables(self) -> list[SummaryTable]:
+        """The tables beyond the runs and the findings, in reading order: the ladder, the last step by layer,
+        whether a change matters, each nondeterminism source and the cost of determinism (those there are)."""
+        floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
+        tables = []
         if self.ladder is not None:
-            floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
-            table = self.ladder.summary.drop(columns=["identical", "floor_exit_site"]).rename(columns={
+            ladder = self.ladder.summary.drop(columns=["identical", "floor_exit_site"]).rename(columns={
                 "floor_exit_step": "leaves_floor_at", "floor_exit_layer": "leaves_floor_in",
                 "growth": "growth_log10/step", "saturation_step": "saturates_at",
                 "plateau": "plateau_rel_l2", "final_error": "final_rel_l2"})
-            lines += ["", f"precision and layout against {self.reference} ({floor}; statistics sum_sq, min, max):",
-                      table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), "",
-                      "relative L2 difference at the last step, median over each layer's sites:",
-                      self.ladder.final_by_layer().to_string(float_format=lambda x: f"{x:.2e}")]
+            tables += [SummaryTable(f"precision and layout against {self.reference} ({floor}; statistics sum_sq, "
+                                    "min, max)", ladder, _digits(3, "g")),
+                       SummaryTable("relative L2 difference at the last step, median over each layer's sites",
+                                    self.ladder.final_by_layer(), _digits(2, "e"), index=True)]
         if not self.scales.empty:
-            lines += ["", f"does it matter? held-out validation loss after step {self.scales_step}, the difference "
-                      f"from {self.reference} against the noise floor and the seed-to-seed spread (ranges):",
-                      self.scales.to_string(index=False, float_format=lambda x: f"{x:.3g}")]
+            tables.append(SummaryTable(
+                f"does it matter? held-out validation loss after step {self.scales_step}, the difference from "
+                f"{self.reference} against the noise floor and the seed-to-seed spread (ranges)", self.scales,
+                _digits(3, "g")))
         if not self.sources.empty:
-            floor = f"noise floor of {', '.join(self.floor_runs)}" if self.floor_runs else "no noise floor"
-            table = self.sources.drop(columns=["run", "floor_exit_site", "plateau"]).rename(columns={
+            sources = self.sources.drop(columns=["run", "floor_exit_site", "plateau"]).rename(columns={
                 "where_it_acts": "where_it_acts?", "floor_exit_step": "leaves_floor_at",
                 "growth": "growth_log10/step", "saturation_step": "saturates_at", "final_error": "final_rel_l2",
                 "cost_percent": "cost_%", "cost_low": "low", "cost_high": "high"})
-            lines += ["", f"which source matters? each alone against {self.reference} ({floor}); cost: tokens/s lost "
-                      "making it deterministic, against the runs with every source off (95% bootstrap interval)"
-                      + (" -- on this CPU a source is the workbench's emulation of it and its cost the emulation's"
-                         if self.on_cpu else "") + ":",
-                      table.to_string(index=False, float_format=lambda x: f"{x:.3g}")]
+            tables.append(SummaryTable(
+                f"which source matters? each alone against {self.reference} ({floor}); cost: tokens/s lost making it "
+                "deterministic, against the runs with every source off (95% bootstrap interval)"
+                + (" -- on this CPU a source is the workbench's emulation of it and its cost the emulation's"
+                   if self.on_cpu else ""), sources, _digits(3, "g")))
         if not self.cost.empty:
-            lines += ["", "cost of deterministic mode (tokens/s, recorder excluded; 95% bootstrap interval):",
-                      self.cost.to_string(index=False, float_format=lambda x: f"{x:.1f}")]
-        return "\n".join(lines)
+            tables.append(SummaryTable("cost of deterministic mode (tokens/s, recorder excluded; 95% bootstrap "
+                                       "interval)", self.cost, _digits(1, "f")))
+        return tables
+
+
+@dataclass(frozen=True)
+class SummaryTable:
+    """One table of a study's summary, for ``StudySummary.text`` and the report alike."""
+
+    heading: str
+    """What the table shows, one sentence in lower case."""
+    frame: pd.DataFrame
+    format: Callable[[float], str]
+    """How its floats are written."""
+    index: bool = False
+    """Whether its index is a column of its own (the run, by layer)."""
+
+
+def _digits(count: int, kind: str) -> Callable[[float], str]:
+    return lambda x: f"{x:.{count}{kind}}"
 
 
 def summarise_study(directory: str | Path) -> StudySummary:

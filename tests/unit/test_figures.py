@@ -15,7 +15,7 @@ from workbench.analysis.ladder import ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, Provenance
+from workbench.figures.style import PALETTE, Provenance, for_paper
 from workbench.figures.trajectories import trajectory_figure
 
 PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
@@ -37,7 +37,29 @@ def test_heatmap_marks_first_divergence_and_frontier() -> None:
     assert first.x == (3,) and first.y == ("act:layers.0.mlp",)
     assert dict(zip(frontier.y, frontier.x))["act:layers.0.mlp"] == 3
     assert "first divergence at step 3" in fig.layout.title.text
+    assert "act:layers.0.mlp" in fig.layout.title.subtitle.text
     assert any("a-1234" in t and "schema v1" in t and "abcdef012345" in t for t in _annotation_texts(fig))
+
+
+@pytest.mark.parametrize("site", ["grad:embedding.word_embeddings.weight", "act_grad:layers.0"])
+def test_heatmap_title_subtitle_legend_and_label_each_have_their_own_place(site: str) -> None:
+    a = records("a", steps=20)
+    result = compare(a, perturb(a, "b", step=15, site=site))
+    screen = divergence_heatmap(result, provenance=PROVENANCE)
+    assert "<br>" not in screen.layout.title.text  # the site is the subtitle, not a second line squeezed under it
+    assert screen.layout.title.subtitle.text == f"at {site}"
+    assert (screen.layout.legend.y, screen.layout.legend.yanchor) == (1.0, "bottom")  # above the plot, in the margin
+    assert [t.name for t in screen.data if t.showlegend is not False and t.type != "heatmap"] == \
+        ["frontier (first divergent step per site)"]  # one entry: the legend never wraps into the title
+    rows = len(screen.data[0].y)
+    for fig in (screen, for_paper(screen, "column"), for_paper(screen, "page")):
+        (label,) = [a for a in fig.layout.annotations if a.name == "first-divergence"]
+        # placed in data coordinates, inside the matrix: clear of the title, the legend and the colour bar
+        assert (label.axref, label.ayref) == ("x", "y") and 0 <= label.ax <= 19 and 0 <= label.ay <= rows - 1
+        assert label.text.startswith("first: step 15<br>")
+        assert max(len(line) for line in label.text.split("<br>")) <= 24  # long site names broken at dots
+        assert abs(label.ay - list(fig.data[0].y).index(label.y)) >= 0.25 * (rows - 1)  # the marker stays visible
+    assert list(screen.layout.yaxis.range) == [rows - 0.5, -0.5] and list(screen.layout.xaxis.range) == [-0.5, 19.5]
 
 
 def test_heatmap_rows_follow_model_order_and_bins_keep_the_largest_difference() -> None:
@@ -151,3 +173,22 @@ def test_the_heatmap_matrix_block_by_block_is_the_cell_by_cell_rule(monkeypatch:
             assert matrix.loc[site, step] == expected, (site, step)
     with pytest.raises(KeyError, match="not sites both runs recorded"):
         heatmap_matrix(result, sites=[*SITES[:2], "act:layers.9.mlp"], relative=rel)
+
+
+def test_resized_wraps_the_footer_to_the_width_and_grows_the_bottom_margin_for_it() -> None:
+    from workbench.figures.style import resized
+
+    provenance = Provenance(runs=tuple(f"run-{i}-0123456789" for i in range(6)),
+                            configs=("L2 H64 TP1-PP1-DP1 fp32 det seed1234", "L2 H64 TP2-PP1-DP1 fp32 det seed1234"),
+                            schema_version=2, revision="abcdef0123456")
+    fig = trajectory_figure({"a": pd.Series([1.0, 2.0])}, reference="a", provenance=provenance)
+    small = resized(fig, 500, 400)
+    (before,) = [a for a in fig.layout.annotations if a.name == "provenance"]
+    (after,) = [a for a in small.layout.annotations if a.name == "provenance"]
+    assert (small.layout.width, small.layout.height) == (500, 400) and fig.layout.width is None  # a copy
+    lines = after.text.split("<br>")
+    assert len(lines) > before.text.count("<br>") + 1  # wrapped
+    assert max(len(line) for line in lines) <= (500 - small.layout.margin.l) / (0.62 * after.font.size)
+    assert after.text.replace("<br>", " ").split() == before.text.replace("<br>", " ").split()  # every word kept
+    extra = len(lines) - before.text.count("<br>") - 1
+    assert small.layout.margin.b > fig.layout.margin.b and after.yshift == -small.layout.margin.b + 8 and extra > 0

@@ -34,4 +34,4 @@ def test_anomalies_of_every_run_are_marked_on_the_loss_and_listed(tmp_path: Path
     assert marker.x == (20,) and "b: step 20" in marker.text[0]
     page = _page(summarise(ws), ws, {}, "")
     listed = page[page.index("<h2>Anomalies</h2>"):page.index("<h2>Figures</h2>")]
-    assert "nonfinite" in listed and "scalar:loss" in listed and " 20 " in listed
+    assert "<td>nonfinite</td>" in listed and "<td>scalar:loss</td>" in listed and "<td>20</td>" in listed

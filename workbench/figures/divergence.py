@@ -9,10 +9,14 @@ bitwise equal, else log10 of the relative difference of one statistic (no NaN ga
 matrix stays a float array that serialises as valid JSON and copies cheaply). Large runs are
 binned (the largest difference in a bin is shown, so a single divergent cell is never
 averaged away); the first divergent step and site are marked and the frontier (the
-first divergent step of every site) is drawn over it.
+first divergent step of every site) is drawn over it. The title, its subtitle (the first
+divergent site) and the legend lie in bands of the top margin, and the first divergence's
+label inside the plot, so nothing overlaps at screen size or at a paper's (``for_paper``).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -22,7 +26,7 @@ import xarray as xr
 from workbench.analysis.compare import Comparison
 from workbench.analysis.growth import amplification
 from workbench.analysis.ladder import layer_label, per_layer_error, sites_in_model_order
-from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, Provenance, apply_style, colour
+from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, Provenance, apply_style, colour
 
 DIFFERS_ONLY_IN_BITS = -17.0
 """Shown for cells whose fingerprints differ but whose statistic is equal (e.g. a permutation)."""
@@ -122,22 +126,54 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
                                  hovertemplate="%{y}<br>first differs at step %{x}<extra></extra>"))
     if result.first_site in full.index and result.first_step is not None and \
             shown_steps[0] <= result.first_step <= shown_steps[1]:
-        first_site = str(result.first_site)
-        y0 = _bin_names([first_site], full.index, row_starts)[0]
+        y0 = _bin_names([str(result.first_site)], full.index, row_starts)[0]
+        # no legend entry: the label beside it says what it is, and the legend stays one line at any width
         fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name="first divergence",
+                                 showlegend=False,
                                  marker=dict(symbol="x", size=13, color="#000000", line=dict(width=2))))
-        fig.add_annotation(x=result.first_step, y=y0, text=f"first: step {result.first_step}<br>{result.first_site}",
-                           showarrow=True, arrowhead=2, ax=60, ay=-30, font=dict(size=11), bgcolor="white",
-                           name="first-divergence")
-    title = (f"{result.a} vs {result.b}: " + ("bitwise identical" if result.identical else
-             f"first divergence at step {result.first_step}<br><sup>{result.first_site}</sup>"))
+        _label_first(fig, result.first_step, str(result.first_site), y=y0, rows=len(row_names),
+                     row=row_names.index(y0), steps=(columns[0], columns[-1]))
+    title = f"{result.a} vs {result.b}: " + ("bitwise identical" if result.identical else
+                                             f"first divergence at step {result.first_step}")
     height = max(420, min(900, 14 * len(_layer_starts(row_names)) + 420))
     apply_style(fig, title=title, provenance=provenance, height=height)
-    fig.update_layout(margin=dict(t=95),
-                      legend=dict(orientation="h", y=1.01, x=1, xanchor="right", yanchor="bottom"))
-    fig.update_xaxes(title="step", showgrid=False)
-    fig.update_yaxes(autorange="reversed", showgrid=False, title="site (model order)")
+    # title, subtitle and legend stacked in the top margin, each on its own band: nothing over the plot
+    fig.update_layout(title=dict(subtitle=dict(text=None if result.identical else f"at {result.first_site}",
+                                               font=dict(size=FONT_SIZE, color="#555555"))),
+                      margin=dict(t=_TOP_MARGIN),
+                      legend=dict(orientation="h", y=1.0, x=0, xanchor="left", yanchor="bottom"))
+    fig.update_xaxes(title="step", showgrid=False, zeroline=False)
+    fig.update_yaxes(range=[len(row_names) - 0.5, -0.5], showgrid=False, title="site (model order)")
+    if columns:  # explicit: the markers would otherwise pad the axis beyond the matrix
+        fig.update_xaxes(range=[columns[0] - column_width / 2, columns[-1] + column_width / 2])
     return fig
+
+
+_TOP_MARGIN = 130
+"""Pixels above the plot: plotly centres the title (~22) and its subtitle (~18) in this margin, and one row
+of legend (~28) sits at its bottom, below them."""
+
+
+def _label_first(fig: go.Figure, step: int, site: str, *, y: str, rows: int, row: int,
+                 steps: tuple[int, int]) -> None:
+    """The first divergence's step and site in the middle of the plot (across) and in the half of it (down)
+    the marker is not in, with an arrow to the marker: inside the plot at any size, clear of title and legend.
+    ``row`` is the marker's row of ``rows``; ``steps`` the first and last column shown."""
+    label_row = (row + 0.3 * (rows - 1)) if row < rows / 2 else (row - 0.3 * (rows - 1))
+    fig.add_annotation(x=step, y=y, text=f"first: step {step}<br>{_broken(site)}", showarrow=True, arrowhead=2,
+                       axref="x", ayref="y", ax=(steps[0] + steps[1]) / 2, ay=label_row, xanchor="center",
+                       yanchor="middle", align="left", font=dict(size=11), bgcolor="rgba(255,255,255,0.9)",
+                       name="first-divergence")
+
+
+def _broken(name: str, width: int = 18) -> str:
+    """``name`` over several lines (``<br>``) of at most ~``width`` characters, broken after dots."""
+    lines = [""]
+    for piece in re.split(r"(?<=\.)", name):  # each piece ends with its dot
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "<br>".join(lines)
 
 
 def _bin_names(sites: list[str], order: pd.Index, starts: np.ndarray) -> list[str]:
@@ -151,10 +187,19 @@ def _layer_starts(rows: list[str]) -> list[int]:
 
 
 def _mark_layers(fig: go.Figure, rows: list[str]) -> None:
-    """Tick labels at the first row of each layer, and a thin line between layers."""
+    """Each layer's label at the middle row of its band, and a thin line between layers. Bands too thin to
+    hold a label of their own (the output layer and the loss, a few rows each) share the previous one's."""
     starts = _layer_starts(rows)
-    fig.update_yaxes(tickmode="array", tickvals=[rows[i] for i in starts],
-                     ticktext=[layer_label(rows[i]) for i in starts], type="category")
+    gap = 0.035 * len(rows)  # rows per line of tick text, at screen and paper sizes alike
+    ticks: list[tuple[int, str]] = []
+    for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+        middle, label = (start + end - 1) // 2, layer_label(rows[start])
+        if ticks and middle - ticks[-1][0] < gap:
+            ticks[-1] = (ticks[-1][0], f"{ticks[-1][1]} · {label}")
+        else:
+            ticks.append((middle, label))
+    fig.update_yaxes(tickmode="array", tickvals=[rows[i] for i, _ in ticks], ticktext=[t for _, t in ticks],
+                     type="category")
     fig.update_layout(shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=i - 0.5, y1=i - 0.5,
                                    line=dict(color="white", width=1)) for i in starts[1:]])
 
@@ -185,7 +230,7 @@ def amplification_figure(result: Comparison, stat: str = "l2", *,
                                  line=dict(color="#000000", dash="dot", width=2)))
     apply_style(fig, title=f"{result.a} vs {result.b}: growth of the relative difference of {stat} "
                 f"after step {result.first_step}", provenance=provenance)
-    fig.update_yaxes(type="log", title=f"relative difference of {stat} (median over the layer's sites)",
+    fig.update_yaxes(type="log", title=f"relative difference of {stat}<br>(median over the layer's sites)",
                      exponentformat="power")
     fig.update_xaxes(title="step")
     return fig

@@ -125,6 +125,25 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
     return out
 
 
+def resized(fig: go.Figure, width: int, height: int) -> go.Figure:
+    """``fig`` laid out ``width`` x ``height`` pixels, fonts kept, its provenance footer wrapped to the width and
+    the bottom margin grown by the lines that adds; a copy. (``for_paper`` also shrinks the fonts to print size.)"""
+    out = go.Figure(fig)
+    out.update_layout(width=width, height=height)
+    for footer in [a for a in out.layout.annotations if a.name == "provenance"]:
+        left = out.layout.margin.l if out.layout.margin.l is not None else 80
+        lines = str(footer.text).count("<br>")
+        footer.text = _wrap(str(footer.text), int((width - left) / (_FOOTER_CHAR_EM * footer.font.size)))
+        bottom = (out.layout.margin.b or 0) + round(1.3 * footer.font.size * (footer.text.count("<br>") - lines))
+        footer.yshift = -bottom + 8
+        out.update_layout(margin=dict(b=bottom))
+    return out
+
+
+_FOOTER_CHAR_EM = 0.62
+"""Width of the footer's average character (DejaVu Sans, wider than Arial) in ems."""
+
+
 def _wrap(text: str, chars: int) -> str:
     """``text`` with ``<br>`` breaks so that no line is longer than ``chars`` (words kept whole)."""
     lines = []
