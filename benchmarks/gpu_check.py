@@ -125,7 +125,7 @@ def per_source(base, out: Path) -> None:  # type: ignore[no-untyped-def]
     from workbench.determinism import SOURCES, SourceState
     from workbench.errors import ConfigError
     from workbench.runner.launch import launch
-    from workbench.workspace import Workspace
+    from workbench.studies.workspace import Workspace
 
     off = {f"nondeterminism.{name}": False for name in SOURCES}
     launch(base.with_overrides({"name": "det", "deterministic": True}), out / "det", overwrite=True)

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.analysis.anomalies import find_anomalies
-from workbench.replay import replay
+from workbench.investigate.replay import replay
 from workbench.store.reader import open_run
 
 

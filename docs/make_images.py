@@ -9,12 +9,12 @@ bisect.png reads the operation traces the demo's investigation left in data/runs
 
 from pathlib import Path
 
-from workbench.analysis.optrace import first_operation
-from workbench.figures.bisect import operation_figure
+from workbench.analysis.trace_alignment import first_operation
 from workbench.figures.divergence import divergence_heatmap
 from workbench.figures.export import export_figures
+from workbench.figures.operations import operation_figure
 from workbench.store.reader import open_run
-from workbench.workspace import Workspace
+from workbench.studies.workspace import Workspace
 
 ws = Workspace.open("data/runs/demo")
 pair = ("nondet-r0", "nondet-r1")

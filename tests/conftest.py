@@ -46,7 +46,7 @@ def mini_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo study in miniature (``tests/mini_demo.toml``), trained once per session for the
     notebook, report and browser tests. ``WORKBENCH_MINI_DEMO=DIR`` keeps them in DIR across
     sessions (complete runs are not trained again)."""
-    from workbench.study import load_study, run_study
+    from workbench.studies.study import load_study, run_study
 
     kept = os.environ.get("WORKBENCH_MINI_DEMO")
     out = Path(kept) if kept else tmp_path_factory.mktemp("mini-demo")

@@ -73,7 +73,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_study_file(path: Path, out: Path) -> list[Path]:
-    from workbench.study import load_study, run_study
+    from workbench.studies.study import load_study, run_study
 
     study = load_study(path)
     printer = ProgressPrinter()
@@ -105,7 +105,7 @@ def moe_demo_dir(out: Path) -> Path:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from workbench.workspace import Workspace
+    from workbench.studies.workspace import Workspace
 
     moe_out = moe_demo_dir(args.out)
     for study, out in (("demo.toml", args.out), ("demo_moe.toml", moe_out)):
@@ -132,8 +132,8 @@ def _prefixed(printer: ProgressPrinter, prefix: str, message: str) -> None:
 
 def _investigate_faults(directory: Path) -> None:
     """The demo's last act: each run with an injected fault, from anomaly to replay to operation."""
-    from workbench.investigation import investigate
-    from workbench.workspace import Workspace
+    from workbench.investigate.investigation import investigate
+    from workbench.studies.workspace import Workspace
 
     ws = Workspace.open(directory)
     printer = ProgressPrinter()
@@ -147,7 +147,7 @@ def _investigate_faults(directory: Path) -> None:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
-    from workbench.study_report import summarise_study
+    from workbench.studies.summary import summarise_study
 
     print(summarise_study(args.directory).text())
     return 0
@@ -250,7 +250,7 @@ def _cmd_figure(args: argparse.Namespace) -> int:
     from workbench.errors import ArgumentError
     from workbench.figures.export import FORMATS, export_figures
     from workbench.figures.style import for_paper
-    from workbench.workspace import Workspace
+    from workbench.studies.workspace import Workspace
 
     fmt = args.out.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
@@ -330,8 +330,8 @@ def _cmd_resume_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from workbench.report import write_report
-    from workbench.workspace import Workspace
+    from workbench.studies.report import write_report
+    from workbench.studies.workspace import Workspace
 
     fmt = args.format or ("pdf" if args.output.suffix.lower() == ".pdf" else "html")
     printer = ProgressPrinter()
@@ -359,7 +359,7 @@ def _cmd_anomalies(args: argparse.Namespace) -> int:
     rules = AnomalyRules(window=args.window, spike_factor=args.spike_factor)
     run = open_run(args.run)
     if args.follow:
-        from workbench.anomaly_watch import watch_anomalies
+        from workbench.investigate.watch import watch_anomalies
 
         print(f"{run.name}: following the run ({run.status}); new anomalies appear as its steps are written")
         found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
@@ -382,7 +382,7 @@ def _anomalies(count: int) -> str:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import json
 
-    from workbench.replay import replay
+    from workbench.investigate.replay import replay
 
     printer = ProgressPrinter()
     result = replay(args.run, args.step, out=args.out, trace=args.trace, overwrite=args.overwrite,
@@ -394,7 +394,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_bisect(args: argparse.Namespace) -> int:
     import json
 
-    from workbench.bisect import bisect
+    from workbench.investigate.bisect import bisect
 
     printer = ProgressPrinter()
     result = bisect(args.a, args.b, step=args.step, out=args.out, overwrite=args.overwrite,

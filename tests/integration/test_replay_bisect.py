@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from workbench.analysis.anomalies import find_anomalies
-from workbench.bisect import bisect
 from workbench.cli import main
 from workbench.config import load_run_config
 from workbench.errors import LaunchError
-from workbench.replay import replay
+from workbench.investigate.bisect import bisect
+from workbench.investigate.replay import replay
 from workbench.runner.launch import launch
 from workbench.store.reader import open_run
 

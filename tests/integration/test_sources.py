@@ -50,8 +50,8 @@ def test_the_data_parallel_association_needs_three_ranks_and_changes_the_reduced
 
 
 def test_the_study_attributes_each_difference_to_its_source(runs: Runs) -> None:
-    from workbench.study_report import summarise
-    from workbench.workspace import Workspace
+    from workbench.studies.summary import summarise
+    from workbench.studies.workspace import Workspace
 
     alone = ["embedding_atomics", "attention_backward", "splitk_gemm"]  # the registry's order
     ws = Workspace.open(runs.get("base"), runs.get("sources-off", deterministic=False, **ALL_OFF),
@@ -64,7 +64,7 @@ def test_the_study_attributes_each_difference_to_its_source(runs: Runs) -> None:
     text = summarise(ws).text()
     assert "which source matters?" in text and "the workbench's emulation" in text
     assert "nondet[splitk_gemm]" in text and "nondet[all off]" in text  # the run table names the sources
-    from workbench.report import report_figures
+    from workbench.studies.report import report_figures
 
     figure = report_figures(ws)["sources"]  # the report draws it too
     assert [row.split("<br>")[0] for row in figure.data[0].y] == [f"<b>{s}</b>" for s in alone]

@@ -86,7 +86,7 @@ def sources_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An attribution study in miniature: a deterministic run, every source off, and two sources alone."""
     from tests.integration.conftest import TINY
     from workbench.config import RunConfig
-    from workbench.study import expand_study, run_study
+    from workbench.studies.study import expand_study, run_study
 
     out = tmp_path_factory.mktemp("study") / "sources"  # the folder notebook 06 looks for beside runs_dir()
     off = {name: False for name in ("embedding_atomics", "attention_backward", "splitk_gemm", "dp_allreduce")}

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.analysis.anomalies import COLUMNS, find_anomalies
-from workbench.figures.anomalies import SYMBOLS, mark_anomalies
+from workbench.figures.anomaly_marks import SYMBOLS, mark_anomalies
 from workbench.figures.style import PALETTE
 from workbench.figures.trajectories import trajectory_figure
 

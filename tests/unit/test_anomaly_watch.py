@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import workbench.anomaly_watch as anomaly_watch
+import workbench.investigate.watch as anomaly_watch
 from tests.conftest import write_synthetic_run
-from workbench.anomaly_watch import watch_anomalies
 from workbench.errors import ArgumentError
+from workbench.investigate.watch import watch_anomalies
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, synthetic
 from workbench.store.reader import open_run

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 
 from tests.unit.test_optrace_analysis import T, Trace, _common
-from workbench.analysis.optrace import first_operation
-from workbench.analysis.replay import ReplayCheck
-from workbench.figures.bisect import operation_figure, replay_figure, scopes_in_model_order
+from workbench.analysis.replay_check import ReplayCheck
+from workbench.analysis.trace_alignment import first_operation
+from workbench.figures.operations import operation_figure, replay_figure, scopes_in_model_order
 
 
 def test_operation_figure_marks_states_and_stars_the_origin() -> None:

@@ -13,8 +13,8 @@ from workbench.errors import ArgumentError
 from workbench.store import layout
 from workbench.store.synthetic import write_synthetic_run
 from workbench.store.writer import update_manifest
+from workbench.studies.workspace import Workspace
 from workbench.widgets.cost import CPU_CAVEAT, CostWidget
-from workbench.workspace import Workspace
 
 
 def _throughput(run_dir: Path, tokens: np.ndarray, *, deterministic: bool) -> None:

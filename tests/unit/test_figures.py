@@ -15,8 +15,9 @@ from workbench.analysis.ladder import ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, Provenance, for_paper
+from workbench.figures.style import PALETTE, for_paper
 from workbench.figures.trajectories import trajectory_figure
+from workbench.store.manifest import Provenance
 
 PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
 

@@ -21,7 +21,7 @@ from workbench.store.manifest import (
 )
 from workbench.store.reader import list_runs, open_run
 from workbench.store.synthetic import write_synthetic_run
-from workbench.workspace import Workspace
+from workbench.studies.workspace import Workspace
 
 MODEL = ModelSignature(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=32,
                        parameters=123_456)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from workbench.analysis.optrace import EmptyTraceError, first_operation
+from workbench.analysis.trace_alignment import EmptyTraceError, first_operation
 from workbench.store.op_trace import TracedTensor
 
 

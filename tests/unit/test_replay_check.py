@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.analysis.replay import replay_check
+from workbench.analysis.replay_check import replay_check
 from workbench.store.reader import open_run
 from workbench.store.synthetic import write_synthetic_run
 

@@ -1,4 +1,4 @@
-"""workbench.replay refuses what it must not do, before anything is launched or deleted."""
+"""workbench.investigate.replay refuses what it must not do, before anything is launched or deleted."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import write_synthetic_run
 from workbench.errors import ArgumentError
-from workbench.replay import replay
+from workbench.investigate.replay import replay
 from workbench.store import synthetic
 
 
@@ -21,7 +21,7 @@ def original(tmp_path: Path) -> Path:
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("replay launched a run although it should have refused")
-    monkeypatch.setattr("workbench.replay.launch", refuse)
+    monkeypatch.setattr("workbench.investigate.replay.launch", refuse)
 
 
 def test_a_folder_that_is_not_a_replay_is_never_overwritten(original: Path, tmp_path: Path) -> None:

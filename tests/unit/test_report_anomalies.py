@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import write_synthetic_run
-from workbench.report import _page, anomaly_table, report_figures
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
-from workbench.study_report import summarise
-from workbench.workspace import Workspace
+from workbench.studies.report import _page, anomaly_table, report_figures
+from workbench.studies.summary import summarise
+from workbench.studies.workspace import Workspace
 
 ROW = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.1, "tokens_per_s": 1e4,
        "recorder_time": 0.0, "skipped": 0}

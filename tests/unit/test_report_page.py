@@ -11,11 +11,19 @@ import plotly.graph_objects as go
 
 from tests.unit.test_report_anomalies import ROW
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
-from workbench.report import PRINT_FULL_PAGE, PRINT_HALF_PAGE, PRINT_WIDTH, _for_print, _page, _table, report_figures
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
-from workbench.study_report import summarise
-from workbench.workspace import Workspace
+from workbench.studies.report import (
+    PRINT_FULL_PAGE,
+    PRINT_HALF_PAGE,
+    PRINT_WIDTH,
+    _for_print,
+    _page,
+    _table,
+    report_figures,
+)
+from workbench.studies.summary import summarise
+from workbench.studies.workspace import Workspace
 
 A4_CONTENT_HEIGHT = 1032
 """CSS pixels down A4 (297 mm) less the report's 12 mm margins."""

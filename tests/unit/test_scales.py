@@ -17,8 +17,8 @@ from workbench.analysis.scales import (
 )
 from workbench.store.manifest import ModelSignature, RunManifest, manifest_fields
 from workbench.store.synthetic import write_synthetic_run
-from workbench.study_report import summarise
-from workbench.workspace import Workspace
+from workbench.studies.summary import summarise
+from workbench.studies.workspace import Workspace
 
 MODEL = ModelSignature(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128, seq_length=32,
                        parameters=123_456)

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
-from workbench.study import expand_study, load_study
+from workbench.studies.study import expand_study, load_study
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "workbench" / "examples"
 BASE = RunConfig(name="base", checkpoint_every=10, steps=40)

@@ -12,7 +12,7 @@ import pytest
 from workbench.errors import ArgumentError
 from workbench.figures.sweep import sweep_figure
 from workbench.store.synthetic import write_synthetic_run
-from workbench.workspace import Workspace
+from workbench.studies.workspace import Workspace
 
 
 @pytest.fixture(scope="module")

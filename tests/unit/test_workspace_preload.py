@@ -10,7 +10,7 @@ import pytest
 
 from workbench.statistics import STAT_NAMES
 from workbench.store.synthetic import write_synthetic_run
-from workbench.workspace import PRELOAD_ENV, Workspace
+from workbench.studies.workspace import PRELOAD_ENV, Workspace
 
 
 def test_a_preloaded_run_answers_every_statistic_from_memory(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ import xarray as xr
 from workbench.analysis.compare import Comparison
 from workbench.analysis.growth import amplification
 from workbench.analysis.ladder import layer_label, per_layer_error, sites_in_model_order
-from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, Provenance, apply_style, colour
+from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, colour
+from workbench.store.manifest import Provenance
 
 DIFFERS_ONLY_IN_BITS = -17.0
 """Shown for cells whose fingerprints differ but whose statistic is equal (e.g. a permutation)."""

@@ -20,7 +20,8 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
 from workbench.analysis.ladder import Ladder, layer_order
-from workbench.figures.style import NOISE_FLOOR, PALETTE, SEED_SPREAD, Provenance, apply_style, colour, floor_band
+from workbench.figures.style import NOISE_FLOOR, PALETTE, SEED_SPREAD, apply_style, colour, floor_band
+from workbench.store.manifest import Provenance
 
 
 def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder | None = None,

@@ -12,11 +12,12 @@ version and the code revision, so a figure cut out of a report still says where 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+
+from workbench.store.manifest import Provenance
 
 PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255")
 SEQUENTIAL = "Cividis"
@@ -40,21 +41,9 @@ pio.templates[TEMPLATE] = go.layout.Template(
     data={kind: getattr(pio.templates["plotly_white"].data, kind) for kind in _TRACE_TYPES})
 
 
-@dataclass(frozen=True)
-class Provenance:
-    runs: tuple[str, ...]
-    """Run ids."""
-    configs: tuple[str, ...]
-    """One-line config summaries, one per distinct config."""
-    schema_version: int
-    revision: str | None
-    """Code revision (git) the runs were made with."""
-
-    def footer(self) -> str:
-        revision = (self.revision or "unknown")[:12]
-        configs = "; ".join(self.configs[:3]) + (" ..." if len(self.configs) > 3 else "")
-        runs = ", ".join(self.runs[:6]) + (f" and {len(self.runs) - 6} more" if len(self.runs) > 6 else "")
-        return f"runs: {runs}<br>config: {configs} · store schema v{self.schema_version} · revision {revision}"
+def footer(provenance: Provenance) -> str:
+    """The provenance footer's text: which runs, which configs, which schema and code revision."""
+    return "<br>".join(provenance.lines())
 
 
 def colour(index: int) -> str:
@@ -69,7 +58,7 @@ def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = N
                       height=height, width=width, margin=dict(l=70, r=30, t=60, b=bottom), colorway=list(PALETTE),
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"), hoverlabel=dict(namelength=-1))
     if provenance is not None:
-        fig.add_annotation(text=provenance.footer(), xref="paper", yref="paper", x=0, y=0, yshift=-bottom + 8,
+        fig.add_annotation(text=footer(provenance), xref="paper", yref="paper", x=0, y=0, yshift=-bottom + 8,
                            xanchor="left", yanchor="bottom", showarrow=False, align="left",
                            font=dict(size=9, color="#666666"), name="provenance")
     return fig

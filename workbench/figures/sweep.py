@@ -12,7 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.analysis.sweep import SweepMatrix
-from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, Provenance, apply_style
+from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, apply_style
+from workbench.store.manifest import Provenance
 
 
 def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -> go.Figure:

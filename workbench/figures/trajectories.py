@@ -20,8 +20,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.errors import ArgumentError
-from workbench.figures.anomalies import mark_anomalies
-from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, Provenance, apply_style, colour, floor_band
+from workbench.figures.anomaly_marks import mark_anomalies
+from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band
+from workbench.store.manifest import Provenance
 
 
 def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None = None,

@@ -203,7 +203,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
            manifest: Mapping[str, Any] | None = None, start_from: str | os.PathLike[str] | None = None) -> Path:
     """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails.
 
-    ``trace_step``: run that step under the operation tracer (``workbench.runner.optrace``).
+    ``trace_step``: run that step under the operation tracer (``workbench.runner.tracer``).
     ``manifest``: fields added to the run's manifest before any rank starts.
     ``start_from``: a checkpoint of a run of the same config at another layout (``start_checkpoint``): the
     run starts at its step, from its state resharded to this layout (the CPU runner's checkpoints only).

@@ -9,7 +9,7 @@ It reads the config from the run's manifest, builds the model for its place in t
 TP x PP x DP grid, trains with the schedule from ``get_forward_backward_func`` (1F1B when
 PP > 1), and global rank 0 writes one row of scalars per step into the store. Progress
 lines on stdout start with ``PROGRESS`` for the launcher to show. With ``--trace-step K``
-step K runs under the operation tracer (``workbench.runner.optrace``) and the ranks of
+step K runs under the operation tracer (``workbench.runner.tracer``) and the ranks of
 data-parallel replica 0 write their traces into the run folder.
 """
 
@@ -243,7 +243,7 @@ def _exit_when_orphaned(poll_s: float = 1.0) -> None:
 
 
 def _traced_step(trainer: Trainer, step: int, paths: layout.RunPaths, rank: int) -> dict[str, float]:
-    from workbench.runner.optrace import OpTracer
+    from workbench.runner.tracer import OpTracer
 
     with OpTracer(trainer.model.chunks, rank=rank, tp_rank=trainer.tp_rank) as tracer:
         row = trainer.train_step(step)

@@ -136,6 +136,26 @@ class RunManifest:
         return f"{self.configuration()} {mode}{seed}"
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where a figure's or a table's runs came from: printed under every exported figure."""
+
+    runs: tuple[str, ...]
+    """Run ids."""
+    configs: tuple[str, ...]
+    """One-line config summaries, one per distinct config."""
+    schema_version: int
+    revision: str | None
+    """Code revision (git) the runs were made with."""
+
+    def lines(self) -> tuple[str, str]:
+        """Two lines of text: the runs; their configs, the store schema and the code revision."""
+        revision = (self.revision or "unknown")[:12]
+        configs = "; ".join(self.configs[:3]) + (" ..." if len(self.configs) > 3 else "")
+        runs = ", ".join(self.runs[:6]) + (f" and {len(self.runs) - 6} more" if len(self.runs) > 6 else "")
+        return f"runs: {runs}", f"config: {configs} · store schema v{self.schema_version} · revision {revision}"
+
+
 def _require(attrs: Mapping[str, Any], name: str, kind: type | tuple[type, ...], source: str,
              *, optional: bool = False) -> Any:
     if name not in attrs or attrs[name] is None:

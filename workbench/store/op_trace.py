@@ -1,7 +1,7 @@
 """The operation-trace file: one JSON line per traced operation, beside a run store.
 
 ``RUN/op_traces/step_<K>/rank<R>.jsonl`` holds the operations rank R ran in step K under the
-tracer (``workbench.runner.optrace``), in execution order. Each line is one ``TracedOperation``:
+tracer (``workbench.runner.tracer``), in execution order. Each line is one ``TracedOperation``:
 
     {"seq": 12, "rank": 0, "tp_rank": 0, "phase": "forward", "microbatch": 0, "scope": "layers.0.mlp",
      "op": "mm", "occurrence": 3, "node": null, "source": "mlp.py:10 in forward",

@@ -21,7 +21,7 @@ from _plotly_utils.utils import to_typed_array_spec
 from workbench.errors import WorkbenchError
 
 if TYPE_CHECKING:
-    from workbench.workspace import Workspace
+    from workbench.studies.workspace import Workspace
 
 EXPORT_FORMATS = ("png", "svg", "pdf", "html")
 
@@ -31,7 +31,7 @@ Exported = tuple[Mapping[str, go.Figure], Mapping[str, pd.DataFrame]]
 
 def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool = False) -> Workspace | None:
     """The folder's workspace, or None with the reason on ``status`` (with ``pairs``: two recorded runs needed)."""
-    from workbench.workspace import Workspace
+    from workbench.studies.workspace import Workspace
 
     try:
         workspace = Workspace.open(directory)

@@ -21,8 +21,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.figures.studies import cost_figure
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, open_workspace, show
-from workbench.workspace import Workspace, runs_dir
 
 MEASURES = {"tokens/s (recorder excluded)": "tokens_per_s", "steps/s (from the step time)": "step_time"}
 CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs only by the workbench's emulation "

@@ -31,8 +31,8 @@ from workbench.figures.studies import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, Exported, open_workspace, show
-from workbench.workspace import Workspace, runs_dir
 
 Key = tuple[str, str, str]
 """(reference, compared run, statistic): what the explorer caches a heatmap matrix by."""

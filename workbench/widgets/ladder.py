@@ -25,9 +25,9 @@ import plotly.graph_objects as go
 from workbench.analysis.ladder import Ladder, layer_order
 from workbench.figures.studies import ladder_figure
 from workbench.statistics import STAT_NAMES
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
-from workbench.workspace import Workspace, runs_dir
 
 
 class LadderWidget(widgets.VBox):

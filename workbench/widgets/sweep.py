@@ -18,9 +18,9 @@ import plotly.graph_objects as go
 
 from workbench.analysis.sweep import SweepMatrix
 from workbench.figures.sweep import sweep_figure
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
-from workbench.workspace import Workspace, runs_dir
 
 
 class SweepMatrixWidget(widgets.VBox):

@@ -26,9 +26,9 @@ import plotly.graph_objects as go
 from workbench.figures.trajectories import trajectory_figure
 from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
-from workbench.workspace import Workspace, runs_dir
 
 SITE_STATISTIC = "site statistic"
 _SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("float")]

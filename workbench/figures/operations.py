@@ -20,9 +20,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.analysis.optrace import OperationOrigin
-from workbench.analysis.replay import ReplayCheck
-from workbench.figures.style import PALETTE, Provenance, apply_style
+from workbench.analysis.replay_check import ReplayCheck
+from workbench.analysis.trace_alignment import OperationOrigin
+from workbench.figures.style import PALETTE, apply_style
+from workbench.store.manifest import Provenance
 
 _STATES = (  # (name, colour, size)
     ("outputs equal", "#bdbdbd", 4),

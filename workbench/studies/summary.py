@@ -17,7 +17,7 @@ from workbench.analysis.findings import study_findings
 from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
 from workbench.store.reader import find_runs, run_table
-from workbench.workspace import Workspace
+from workbench.studies.workspace import Workspace
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-from workbench.bisect import Bisect, bisect
-from workbench.replay import Replay, replay
+from workbench.investigate.bisect import Bisect, bisect
+from workbench.investigate.replay import Replay, replay
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import open_run
 

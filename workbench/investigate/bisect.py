@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.analysis.compare import compare
-from workbench.analysis.optrace import OperationOrigin, first_operation
+from workbench.analysis.trace_alignment import OperationOrigin, first_operation
 from workbench.errors import ArgumentError
-from workbench.replay import Replay, replay
+from workbench.investigate.replay import Replay, replay
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import Run, open_run
 
@@ -144,7 +144,7 @@ def _finish(result: Bisect) -> Bisect:
     (result.out / "bisect.json").write_text(json.dumps(result.to_dict(), indent=1))
     text = f"# Bisect\n\n```\n{result.summary()}\n```\n"
     if result.operation is not None:
-        from workbench.figures.bisect import operation_figure
+        from workbench.figures.operations import operation_figure
 
         title = f"{result.a} vs {result.b}: operations of step {result.step}"
         operation_figure(result.operation, title=title).write_html(result.out / "operations.html",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.analysis.replay import ReplayCheck, replay_check
+from workbench.analysis.replay_check import ReplayCheck, replay_check
 from workbench.config import RunConfig
 from workbench.errors import ArgumentError
 from workbench.runner.launch import ProgressFn, launch

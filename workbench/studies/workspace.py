@@ -47,9 +47,8 @@ from workbench.analysis.sources import attribution, source_cost, source_label
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
 from workbench.determinism import sources_on
 from workbench.errors import ArgumentError, RunNotFoundError, WorkbenchError
-from workbench.figures.style import Provenance
 from workbench.store import layout
-from workbench.store.manifest import RUNNER
+from workbench.store.manifest import RUNNER, Provenance
 from workbench.store.reader import Run, find_runs, open_run
 from workbench.store.records import RunRecords
 

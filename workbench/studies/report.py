@@ -33,8 +33,8 @@ from workbench.figures.divergence import amplification_figure, divergence_heatma
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure, sources_figure
 from workbench.figures.style import resized
 from workbench.figures.trajectories import trajectory_figure
-from workbench.study_report import StudySummary, summarise
-from workbench.workspace import Workspace
+from workbench.studies.summary import StudySummary, summarise
+from workbench.studies.workspace import Workspace
 
 MAX_PAIRS = 8
 """Heatmap and growth figures for at most this many pairs, so a report of a large study stays readable."""
