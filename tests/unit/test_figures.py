@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 
 from tests.unit.test_compare import SITES, perturb, records
@@ -15,7 +16,7 @@ from workbench.analysis.ladder import ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, for_paper
+from workbench.figures.style import PALETTE, apply_style, for_paper
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance
 
@@ -193,3 +194,15 @@ def test_resized_wraps_the_footer_to_the_width_and_grows_the_bottom_margin_for_i
     assert after.text.replace("<br>", " ").split() == before.text.replace("<br>", " ").split()  # every word kept
     extra = len(lines) - before.text.count("<br>") - 1
     assert small.layout.margin.b > fig.layout.margin.b and after.yshift == -small.layout.margin.b + 8 and extra > 0
+
+
+def test_room_below_the_plot_moves_the_footer_down_and_a_two_line_axis_title_gets_its_line_on_paper() -> None:
+    plain = apply_style(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])), title="t", provenance=PROVENANCE)
+    roomy = apply_style(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])), title="t", provenance=PROVENANCE, room_below=20)
+    (footer,) = [a for a in roomy.layout.annotations if a.name == "provenance"]
+    assert roomy.layout.margin.b == plain.layout.margin.b + 20 and footer.yshift == -roomy.layout.margin.b + 8
+    two_lines = go.Figure(plain).update_xaxes(title="step<br>(median of layers)")
+    for size in ("column", "page"):
+        font = for_paper(plain, size).layout.font.size
+        assert for_paper(two_lines, size).layout.margin.b - for_paper(plain, size).layout.margin.b == \
+            pytest.approx(1.3 * font, abs=1)

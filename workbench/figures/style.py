@@ -51,9 +51,10 @@ def colour(index: int) -> str:
 
 
 def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = None, height: int = 520,
-                width: int | None = None) -> go.Figure:
-    """Title, fonts, margins, white background and the provenance footer; returns ``fig``."""
-    bottom = 95 if provenance is not None else 60
+                width: int | None = None, room_below: int = 0) -> go.Figure:
+    """Title, fonts, margins, white background and the provenance footer; returns ``fig``. ``room_below``:
+    pixels more between the plot and the footer (an x axis title of two lines)."""
+    bottom = (95 if provenance is not None else 60) + room_below
     fig.update_layout(template=TEMPLATE, font=FONT, title=dict(text=title, x=0.01, xanchor="left"),
                       height=height, width=width, margin=dict(l=70, r=30, t=60, b=bottom), colorway=list(PALETTE),
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"), hoverlabel=dict(namelength=-1))
@@ -93,7 +94,10 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
     entries = [t for t in out.data if t.showlegend is not False and t.name] if out.layout.showlegend is not False \
         else []
     top = round((1.6 * len(entries) + 0.8) * font)  # room for one entry per line, the worst case
-    bottom = round(4.0 * font + footer_lines * 1.3 * small)
+    # tick labels, the gap plotly leaves under them and an axis title; a line more for each break in the title
+    title_breaks = max((str(axis.title.text).count("<br>") for axis in out.select_xaxes() if axis.title.text),
+                       default=0)
+    bottom = round((4.6 + 1.3 * title_breaks) * font + footer_lines * 1.3 * small)
     out.update_layout(width=width, height=height + top + bottom, font=dict(size=font), title=None,
                       margin=dict(l=round(4.5 * font), r=round(1.5 * font), t=top, b=bottom),
                       legend=dict(font=dict(size=font), orientation="h", x=0, xanchor="left", y=1.0,
