@@ -12,13 +12,14 @@ from workbench.analysis import compare
 from workbench.analysis.cost import COLUMNS
 from workbench.analysis.elementwise import elementwise_difference
 from workbench.analysis.growth import noise_floor
-from workbench.analysis.ladder import ladder
+from workbench.analysis.ladder import Ladder, ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, apply_style, for_paper
+from workbench.figures.style import PALETTE, apply_style, for_paper, resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance
+from workbench.studies.report import PRINT_HALF_PAGE, PRINT_WIDTH
 
 PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
 
@@ -139,7 +140,82 @@ def test_ladder_figure_draws_runs_and_noise_band() -> None:
     assert [t.name for t in fig.data].count("noise floor (repeats)") == 2
     run_trace = [t for t in fig.data if t.name == "bf16" and t.xaxis == "x"][0]
     assert list(run_trace.x) == ["embedding", "L0", "loss"]
-    assert any("leaves the floor" in t for t in _annotation_texts(fig))
+    assert "bf16 ▲ emb, step 0" in _legend_entries(fig)
+
+
+LAYER_SITES = ["param:embedding.word_embeddings.weight", "act:embedding",
+               *[f"act:layers.{i}.{m}" for i in range(24) for m in ("self_attention", "mlp")],
+               "act:final_layernorm", "act:output_layer", "loss:cross_entropy"]
+
+
+def _legend_entries(fig: go.Figure) -> list[str]:
+    return [str(t.name) for t in fig.data if t.showlegend is not False]
+
+
+def _floor_ladder(sites: list[str] = SITES, site: str = "act:layers.0.mlp") -> tuple[Ladder, Ladder]:
+    """A ladder of two runs against "ref" with the repeats' noise floor: "bf16" leaves it at step 2 in
+    ``site``'s layer, "small" (1e-9) stays inside."""
+    ref = records("ref", sites=sites)
+    repeat = perturb(ref, "repeat", step=0, site=sites[0], factor=1 + 1e-6)
+    runs = [perturb(ref, "bf16", step=2, site=site, factor=1.01),
+            perturb(ref, "small", step=1, site=sites[0], factor=1 + 1e-9)]
+    return ladder(ref, runs, floor=noise_floor([ref, repeat])), ladder(ref, [repeat])
+
+
+def test_ladder_figure_marks_where_a_run_leaves_the_floor_without_writing_over_the_lines() -> None:
+    result, noise = _floor_ladder()
+    fig = ladder_figure(result, noise=noise, provenance=PROVENANCE)
+    # no text in the plot area (notes over the lines, subplot titles where the paper legend goes): the footer only
+    assert [a.name for a in fig.layout.annotations] == ["provenance"]
+    legend = fig.layout.legend
+    assert (legend.orientation, legend.y, legend.yanchor) == ("h", 1.0, "bottom")  # above the plot, in the margin
+    assert legend.title.text == "▲ leaves the noise floor: layer, step"
+    entries = _legend_entries(fig)
+    assert entries == ["noise floor (repeats)", "bf16 ▲ L0, step 2", "small"]  # every run, the exit in its entry
+    for run in ("bf16", "small"):  # and its line in each panel
+        assert [t.xaxis for t in fig.data if t.legendgroup == run and t.mode != "markers"] == ["x", "x2"]
+    left, right = [t for t in fig.data if t.legendgroup == "bf16" and t.mode != "markers"]
+    marks = {t.xaxis: t for t in fig.data if t.name == "bf16 leaves the noise floor"}
+    assert set(marks) == {"x", "x2"} and not any("small" in str(t.name) and t.mode == "markers" for t in fig.data)
+    # each triangle sits on the run's own line: at the layer it leaves the floor in, and at the step
+    assert marks["x"].x == ("L0",) and marks["x"].y[0] == left.y[list(left.x).index("L0")] > 0
+    assert marks["x2"].x == (2,) and marks["x2"].y[0] == right.y[list(right.x).index(2)] > 0
+    assert "act:layers.0.mlp" in marks["x"].hovertemplate
+
+
+def _tick_room(fig: go.Figure) -> list[float]:
+    """Pixels to spare between each pair of neighbouring layer names (width estimated at 0.62 em a character)
+    at ``fig``'s width; the plot starts at least 70 px in (plotly pushes the margin for the y tick labels)."""
+    axis, font = fig.layout.xaxis, fig.layout.font.size
+    plot = (fig.layout.width or 700) - max(fig.layout.margin.l, 70) - fig.layout.margin.r
+    per_category = plot * (axis.domain[1] - axis.domain[0]) / len(axis.categoryarray)
+    shown = [list(axis.categoryarray).index(v) for v in axis.tickvals]
+    widths = [0.62 * font * len(text) for text in axis.ticktext]
+    return [(b - a) * per_category - (wa + wb) / 2
+            for a, b, wa, wb in zip(shown, shown[1:], widths, widths[1:], strict=False)]
+
+
+@pytest.mark.parametrize("sites", [SITES, LAYER_SITES], ids=["1 layer", "24 layers"])
+def test_ladder_layer_names_stand_upright_apart_and_clear_of_the_footer_at_every_size(sites: list[str]) -> None:
+    result, noise = _floor_ladder(sites)
+    provenance = Provenance(runs=("ref", "bf16", "small"), configs=tuple(f"L24 H256 TP{i}-PP1-DP1 fp32 det seed1234"
+                                                                          for i in (1, 2, 4)),
+                            schema_version=3, revision="abcdef0123456")
+    screen = ladder_figure(result, noise=noise, provenance=provenance)
+    layers = list(result.final_by_layer().columns)
+    for fig in (screen, resized(screen, PRINT_WIDTH, PRINT_HALF_PAGE), for_paper(screen, "column"),
+                for_paper(screen, "page")):
+        axis, font = fig.layout.xaxis, fig.layout.font.size
+        assert axis.tickangle == 0 and list(axis.categoryarray) == layers  # upright; every layer on the axis
+        assert set(axis.tickvals) <= set(layers) and len(axis.tickvals) <= 8
+        assert min(_tick_room(fig)) >= 1, (fig.layout.width, _tick_room(fig))  # no name runs into the next
+        # under the plot: a line of names, the axis title's lines, then the footer (anchored at its bottom)
+        (footer,) = [a for a in fig.layout.annotations if a.name == "provenance"]
+        footer_height = 1.3 * footer.font.size * (footer.text.count("<br>") + 1)
+        title_lines = max(str(a.title.text).count("<br>") + 1 for a in (fig.layout.xaxis, fig.layout.xaxis2))
+        assert -footer.yshift - footer_height >= 1.3 * font * (1 + title_lines) + 10, fig.layout.width
+    if len(layers) <= 8:  # all of them, short
+        assert list(screen.layout.xaxis.ticktext) == ["emb", "L0", "loss"]
 
 
 def test_elementwise_and_cost_figures() -> None:
@@ -178,8 +254,6 @@ def test_the_heatmap_matrix_block_by_block_is_the_cell_by_cell_rule(monkeypatch:
 
 
 def test_resized_wraps_the_footer_to_the_width_and_grows_the_bottom_margin_for_it() -> None:
-    from workbench.figures.style import resized
-
     provenance = Provenance(runs=tuple(f"run-{i}-0123456789" for i in range(6)),
                             configs=("L2 H64 TP1-PP1-DP1 fp32 det seed1234", "L2 H64 TP2-PP1-DP1 fp32 det seed1234"),
                             schema_version=2, revision="abcdef0123456")
