@@ -62,3 +62,8 @@ def test_clicking_a_layer_opens_its_sites_in_the_explorer(folder: Path) -> None:
     assert widget.explorer is explorer
     shown = explorer.selected_sites(list(explorer._matrix().index))
     assert {layer_label(s) for s in shown} == {"L0"}
+    # the triangle where a run leaves the noise floor opens its layer too: the run is its legend group
+    triangle = SimpleNamespace(name="layout leaves the noise floor", legendgroup="layout")
+    widget._on_click(triangle, SimpleNamespace(xs=["L1"], ys=[1e-5]), None)
+    assert explorer.other.value == "layout"
+    assert {layer_label(s) for s in explorer.selected_sites(list(explorer._matrix().index))} == {"L1"}

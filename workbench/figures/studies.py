@@ -61,22 +61,22 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
         values = values.where(values > 0)  # a log axis: no difference is a gap
         steps = ladder.per_layer[ladder.per_layer["run"] == run].groupby("step")["relative_error"].median()
         steps = steps.where(steps > 0)
-        legend = str(run)
-        if run in exits.index:
-            layer, step, site = (str(exits.loc[run, "floor_exit_layer"]), int(exits.loc[run, "floor_exit_step"]),
-                                 exits.loc[run, "floor_exit_site"])
+        exit_, legend = (exits.loc[run] if run in exits.index else None), str(run)
+        if exit_ is not None:
+            layer, step, site = str(exit_["floor_exit_layer"]), int(exit_["floor_exit_step"]), exit_["floor_exit_site"]
             legend = f"{run} {_EXIT} {_short_layer(layer)}, step {step}"
+        # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
+        fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
+                                 legendgroup=str(run), showlegend=False, line=dict(color=colour(i))), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps.index, y=steps.to_numpy(), mode="lines", name=legend, legendgroup=str(run),
+                                 line=dict(color=colour(i))), row=1, col=2)
+        if exit_ is not None:  # drawn after the lines: on top of them
             hover = f"{run} leaves the noise floor at step {step} in {layer} ({site})<extra></extra>"
             for col, x, y in ((1, layer, values.get(layer)), (2, step, steps.get(step))):
                 fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=f"{run} leaves the noise floor",
                                          legendgroup=str(run), showlegend=False, hovertemplate=hover,
                                          marker=dict(symbol="triangle-up", size=13, color=colour(i),
                                                      line=dict(color="#222222", width=1))), row=1, col=col)
-        # the left line keeps the run's name (the widget finds its points by it); the right one carries the legend
-        fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
-                                 legendgroup=str(run), showlegend=False, line=dict(color=colour(i))), row=1, col=1)
-        fig.add_trace(go.Scatter(x=steps.index, y=steps.to_numpy(), mode="lines", name=legend, legendgroup=str(run),
-                                 line=dict(color=colour(i))), row=1, col=2)
     apply_style(fig, title=f"relative difference of {ladder.stat} against {ladder.reference}",
                 provenance=provenance, height=520, room_below=_SECOND_TITLE_LINE)
     entries = [str(t.name) for t in fig.data if t.showlegend is not False]

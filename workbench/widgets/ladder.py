@@ -121,8 +121,8 @@ class LadderWidget(widgets.VBox):
         figure = ladder_figure(self.ladder, noise=noise, seeds=seeds,
                                provenance=self.workspace.provenance([reference, *names]))
         show(self.figure, figure)
-        for trace in self.figure.data:
-            if trace.name in names and trace.xaxis in (None, "x"):
+        for trace in self.figure.data:  # a run's line and the triangle where it leaves the floor: its legend group
+            if trace.legendgroup in names and trace.xaxis in (None, "x"):
                 trace.on_click(self._on_click)
         self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
                              "layer to see that layer's sites")
@@ -136,7 +136,7 @@ class LadderWidget(widgets.VBox):
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs:
-            self.open_layer(str(trace.name), str(points.xs[0]))
+            self.open_layer(str(trace.legendgroup), str(points.xs[0]))
 
     def open_layer(self, run: str, layer: str) -> DivergenceExplorer:
         """The divergence explorer on (reference, ``run``), filtered to the sites of ``layer``."""
