@@ -280,3 +280,17 @@ def test_room_below_the_plot_moves_the_footer_down_and_a_two_line_axis_title_get
         font = for_paper(plain, size).layout.font.size
         assert for_paper(two_lines, size).layout.margin.b - for_paper(plain, size).layout.margin.b == \
             pytest.approx(1.3 * font, abs=1)
+
+
+def test_a_footer_too_long_for_the_default_width_is_wrapped_and_keeps_every_word() -> None:
+    provenance = Provenance(runs=tuple(f"run-{i}-0123456789" for i in range(6)),
+                            configs=("L2 H64 TP1-PP1-DP1 fp32 det seed1234", "L2 H64 TP2-PP1-DP1 fp32 det seed1234",
+                                     "L2 H64 TP1-PP2-DP1 fp32 det seed1234"), schema_version=2, revision="abcdef012345")
+    fig = trajectory_figure({"a": pd.Series([1.0, 2.0])}, reference="a", provenance=provenance)
+    (note,) = [a for a in fig.layout.annotations if a.name == "provenance"]
+    lines = note.text.split("<br>")
+    assert len(lines) > 2 and max(len(line) for line in lines) <= (700 - 70) / (0.62 * note.font.size)
+    assert note.text.replace("<br>", " ").split() == " ".join(provenance.lines()).split()
+    short = trajectory_figure({"a": pd.Series([1.0, 2.0])}, reference="a", provenance=PROVENANCE)
+    assert fig.layout.margin.b > short.layout.margin.b  # the extra lines get room
+    assert note.yshift == -fig.layout.margin.b + 8

@@ -50,18 +50,26 @@ def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+_FOOTER_SIZE = 9
+"""Font size (px) of the provenance footer."""
+
+
 def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = None, height: int = 520,
                 width: int | None = None, room_below: int = 0) -> go.Figure:
     """Title, fonts, margins, white background and the provenance footer; returns ``fig``. ``room_below``:
     pixels more between the plot and the footer (an x axis title of two lines)."""
     bottom = (95 if provenance is not None else 60) + room_below
+    text = ""
+    if provenance is not None:  # wrapped to the figure's width (plotly's default 700 px where none is set)
+        text = _wrap(footer(provenance), int(((width or 700) - 70) / (_FOOTER_CHAR_EM * _FOOTER_SIZE)))
+        bottom += round(1.3 * _FOOTER_SIZE * (text.count("<br>") - 1))
     fig.update_layout(template=TEMPLATE, font=FONT, title=dict(text=title, x=0.01, xanchor="left"),
                       height=height, width=width, margin=dict(l=70, r=30, t=60, b=bottom), colorway=list(PALETTE),
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"), hoverlabel=dict(namelength=-1))
     if provenance is not None:
-        fig.add_annotation(text=footer(provenance), xref="paper", yref="paper", x=0, y=0, yshift=-bottom + 8,
+        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-bottom + 8,
                            xanchor="left", yanchor="bottom", showarrow=False, align="left",
-                           font=dict(size=9, color="#666666"), name="provenance")
+                           font=dict(size=_FOOTER_SIZE, color="#666666"), name="provenance")
     return fig
 
 
