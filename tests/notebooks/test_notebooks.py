@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -33,6 +34,8 @@ def test_there_are_seven_notebooks_without_committed_outputs() -> None:
         assert nb.cells[0].cell_type == "markdown" and "**Question:**" in nb.cells[0].source, path.name
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path.name} has outputs"
         assert all(len(c.source.splitlines()) <= 15 for c in nb.cells if c.cell_type == "code"), path.name
+        raw = json.loads(path.read_text())  # nbformat.read fills in missing cell ids, with a warning
+        assert all("id" in c for c in raw["cells"]), f"{path.name}: a cell without an id (nbformat 4.5)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
