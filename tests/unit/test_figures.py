@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from plotly.subplots import make_subplots
 
 from tests.unit.test_compare import SITES, perturb, records
 from workbench.analysis import compare
@@ -16,7 +17,7 @@ from workbench.analysis.ladder import Ladder, ladder
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
-from workbench.figures.style import PALETTE, apply_style, for_paper, resized
+from workbench.figures.style import PALETTE, apply_style, floor_band, for_paper, resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance
 from workbench.studies.report import PRINT_HALF_PAGE, PRINT_WIDTH
@@ -294,3 +295,38 @@ def test_a_footer_too_long_for_the_default_width_is_wrapped_and_keeps_every_word
     short = trajectory_figure({"a": pd.Series([1.0, 2.0])}, reference="a", provenance=PROVENANCE)
     assert fig.layout.margin.b > short.layout.margin.b  # the extra lines get room
     assert note.yshift == -fig.layout.margin.b + 8
+
+
+def _band_pieces(trace: go.Scatter) -> list[tuple[list[object], list[float]]]:
+    """The closed polygons of a band trace (plotly fills each stretch between None on its own)."""
+    pieces: list[tuple[list[object], list[float]]] = [([], [])]
+    for x, y in zip(trace.x, trace.y, strict=True):
+        if x is None:
+            pieces.append(([], []))
+        else:
+            pieces[-1][0].append(x)
+            pieces[-1][1].append(y)
+    return pieces
+
+
+def test_a_log_band_with_zeros_is_closed_polygons_reaching_below_its_smallest_value() -> None:
+    # repeats bitwise equal at two layers (low 0), and a layer where even the widest repeat is 0 (high 0)
+    layers = ["emb", "L0", "L1", "L2", "ln_f", "out"]
+    fig = make_subplots(rows=1, cols=1)
+    floor_band(fig, layers, [1e-7, 0.0, 0.0, 0.0, 4e-8, 2e-8], [3e-7, 2e-7, 1e-7, 0.0, 6e-8, 5e-8], log=True)
+    pieces = _band_pieces(fig.data[0])
+    assert [xs for xs, _ in pieces] == [["emb", "L0", "L1", "L1", "L0", "emb"], ["ln_f", "out", "out", "ln_f"]]
+    ys = [y for _, piece in pieces for y in piece]
+    assert all(np.isfinite(ys)) and min(ys) == pytest.approx(2e-9)  # a decade below the smallest positive
+    assert pieces[0][1] == pytest.approx([1e-7, 2e-9, 2e-9, 1e-7, 2e-7, 3e-7])
+
+
+def test_a_linear_band_skips_missing_steps_and_stays_one_polygon() -> None:
+    fig = make_subplots(rows=1, cols=1)
+    floor_band(fig, [0, 5, 10, 15], [1.0, np.nan, 0.0, 2.0], [2.0, np.nan, 1.0, 3.0])
+    (xs, ys), = _band_pieces(fig.data[0])
+    assert xs == [0, 10, 15, 15, 10, 0] and ys == [1.0, 0.0, 2.0, 3.0, 1.0, 2.0]
+    assert fig.data[0].line.width == 0
+    one_run = make_subplots(rows=1, cols=1)
+    floor_band(one_run, [0, 1], [1.0, 2.0], [1.0, 2.0])
+    assert one_run.data[0].line.dash == "dot"

@@ -163,19 +163,30 @@ def _wrap(text: str, chars: int) -> str:
 def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[float], *,  # type: ignore[type-arg]
                row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
                log: bool = False, seeds: bool = False) -> None:
-    """The noise floor as a grey band from ``low`` to ``high`` over ``x`` (on a log axis, values <= 0 are gaps);
-    with ``seeds``, the seed-to-seed spread as a blue one. Steps where a bound is missing are left out; a band
-    of no width (one run) is drawn as a dotted line."""
+    """The noise floor as a grey band from ``low`` to ``high`` over ``x``; with ``seeds``, the seed-to-seed
+    spread as a blue one. Steps where a bound is missing are left out; a band of no width (one run) is drawn
+    as a dotted line. On a log axis a band whose top is <= 0 is a gap, and one whose bottom is <= 0 (runs
+    that agree bitwise there) reaches a decade below the band's smallest positive value: each stretch
+    between gaps is a polygon of its own."""
     lows, highs = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
     kept = ~(np.isnan(lows) | np.isnan(highs))  # steps without a band (a validation loss every N steps)
-    if log:
-        lows = np.where(lows > 0, lows, np.nan)
-    xs = np.asarray(x)[kept]
+    xs, lows, highs = np.asarray(x, dtype=object)[kept], lows[kept], highs[kept]
     fill = SEED_COLOUR if seeds else FLOOR_COLOUR
     # one run (or runs that agree) gives a band of no width: drawn as its edge, in the band's colour made opaque
-    edge = dict(width=2, dash="dot", color=BAND_EDGES[fill]) \
-        if np.array_equal(lows[kept], highs[kept], equal_nan=True) else dict(width=0)
-    fig.add_trace(go.Scatter(x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([lows[kept], highs[kept][::-1]]),
-                             fill="toself", mode="lines",
+    edge = dict(width=2, dash="dot", color=BAND_EDGES[fill]) if np.array_equal(lows, highs) else dict(width=0)
+    shown = np.ones(len(xs), dtype=bool)
+    if log:
+        shown = highs > 0
+        positive = np.concatenate([lows[lows > 0], highs[shown]])
+        lows = np.where(lows > 0, lows, positive.min() / 10 if positive.size else np.nan)
+    # one closed polygon per stretch of shown points, separated by None (plotly fills each on its own)
+    breaks = np.flatnonzero(np.diff(shown.astype(int))) + 1
+    band_x: list[object] = []
+    band_y: list[float | None] = []
+    for piece in np.split(np.arange(len(xs)), breaks):
+        if len(piece) and shown[piece[0]]:
+            band_x += [*xs[piece], *xs[piece][::-1], None]
+            band_y += [*lows[piece], *highs[piece][::-1], None]
+    fig.add_trace(go.Scatter(x=band_x[:-1], y=band_y[:-1], fill="toself", mode="lines",
                              fillcolor=fill, line=edge, name=name, hoverinfo="skip", showlegend=show,
                              legendgroup="seeds" if seeds else "floor"), row=row, col=col)
