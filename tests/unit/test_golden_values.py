@@ -55,6 +55,8 @@ def test_a_megatron_file_is_read_one_based_and_checked_at_five_decimals(tmp_path
     shifted.loc[7, "loss"] += 2e-5  # visible at 5 decimals
     check = golden_values_check(shifted, None, golden, run="r")
     assert not check.passed and [d.step for d in check.differences] == [7]
+    actual, expected = (float(v) for v in check.differences[0].detail.split(" vs "))  # plain numbers, no np.float64()
+    assert actual == np.round(shifted.loc[7, "loss"], 5) and expected == np.round(run.loc[7, "loss"], 5)
     shifted.loc[7, "loss"] = run.loc[7, "loss"] + 1e-9  # lost to the rounding, as in Megatron-LM
     assert golden_values_check(shifted, None, golden, run="r").passed
 

@@ -278,7 +278,8 @@ def _megatron_check(scalars: pd.DataFrame, golden: GoldenValues, *, run: str, rt
         ref = expected.loc[present].to_numpy(np.float64)
         actual, ref = np.where(np.isnan(actual), np.inf, actual), np.where(np.isnan(ref), np.inf, ref)
         close = np.isclose(actual, ref, rtol=rtol or 0.0, atol=0.0)
-        failing = [Difference(present[i], name, f"{actual[i]!r} vs {ref[i]!r}") for i in np.flatnonzero(~close)]
+        failing = [Difference(present[i], name, f"{float(actual[i])!r} vs {float(ref[i])!r}")
+                   for i in np.flatnonzero(~close)]
         total = len(wanted)
         allowed = 0 if rtol is None or total == 1 else min(max(total // 100, 1), 50)
         if len(failing) + len(missing) > allowed:
