@@ -8,7 +8,7 @@ import torch
 
 from workbench.recorder import kernels
 from workbench.recorder.placement import activation_placement, parameter_placement
-from workbench.statistics import assemble, fingerprint_reference, pack_fingerprint
+from workbench.statistics import PRECISION_LIMITS, assemble, fingerprint_reference, pack_fingerprint
 
 
 @pytest.fixture(scope="module", params=kernels.ISAS)
@@ -49,6 +49,22 @@ def test_native_equals_eager(dtype: torch.dtype, isa: str) -> None:
         bound = 8 * 2**-24 * float(x.double().abs().nan_to_num(posinf=0).sum())
         assert abs(float(native_acc[1] - eager_acc[1])) <= bound
         assert abs(float(native_acc[2] - eager_acc[2])) <= 8 * 2**-24 * float(eager_acc[2])
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISION_LIMITS))
+def test_counts_under_each_precision_s_limits_equal_the_eager_ones(precision: str, isa: str) -> None:
+    # the limits a run really passes (fp32's largest is float32's own largest finite value), with NaN and
+    # +-Inf inside the vector part: an Inf is never an overflow (the reference counts finite values only)
+    tiny, largest = PRECISION_LIMITS[precision]
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(2)) * 1e4
+    x[100], x[2000], x[3000], x[3001] = float("inf"), float("-inf"), float("nan"), 1e-39
+    native_acc, native_lanes = kernels.new_accumulators(x.device)
+    kernels.native(isa).accumulate(x, kernels.identity_coords(x.shape), tiny, largest, native_acc, native_lanes)
+    eager_acc, eager_lanes = kernels.new_accumulators(x.device)
+    kernels.accumulate(x, kernels.identity_coords(x.shape), tiny, largest, eager_acc, eager_lanes, fused=False)
+    counts = [0, 3, 4, 5, 6, 7]
+    assert torch.equal(native_acc[counts], eager_acc[counts]), (native_acc[counts], eager_acc[counts])
+    assert float(native_acc[7]) == float(np.sum(np.isfinite(x.numpy()) & (np.abs(x.numpy()) > largest)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -261,7 +261,10 @@ void range(const Source& s, const Placement& at, int64_t begin, int64_t end, dou
   const int64_t inner = ndim ? at.sizes[ndim - 1] : 1;
   const uint32_t step = ndim ? at.stride[ndim - 1] : 0;
   const float tiny_f = static_cast<float>(tiny);
-  const float largest_f = largest >= 3.4028234663852886e38 ? INFINITY : static_cast<float>(largest);
+  // fp32's largest finite value is float's own: no finite float exceeds it, while an Inf does (and the
+  // vector paths count Inf in `over` first, then take it out with the non-finite values).
+  const double float_max = std::numeric_limits<float>::max();
+  const float largest_f = static_cast<float>(std::min(largest, float_max));
   Vector vec(tiny_f, largest_f);
   for (int64_t i = begin; i < end;) {
     const int64_t r = i / inner, j = i % inner;
