@@ -14,6 +14,7 @@ from workbench.store.manifest import (
     RUNNER,
     ModelSignature,
     ParallelLayout,
+    Provenance,
     RunManifest,
     manifest_fields,
     parse_manifest,
@@ -129,3 +130,11 @@ def test_a_v1_layout_and_its_v2_form_are_the_same_layout() -> None:
     v2 = {"tp": 2, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "sp": False, "vp": None, "world_size": 4}
     assert parse_layout(v1, "a") == parse_layout(v2, "b") == ParallelLayout(tp=2, dp=2)
     assert parse_layout(v1, "a") != parse_layout({**v2, "ep": 2}, "b")
+
+
+def test_a_provenance_footer_names_every_revision_its_runs_were_made_with() -> None:
+    two = Provenance(runs=("a-1",), configs=("L1 H8 fp32",), schema_version=2,
+                     revision="abcdef0123456789, 0123456789abcdef")
+    assert two.lines()[1].endswith("revision abcdef012345, 0123456789ab")
+    unknown = Provenance(runs=("a-1",), configs=(), schema_version=2, revision=None)
+    assert unknown.lines()[1].endswith("revision unknown")

@@ -1,4 +1,4 @@
-"""analysis.replay.replay_check on synthetic stores: reproduced, departed (site, then scalar), nondeterministic."""
+"""analysis.replay_check on synthetic stores: reproduced, departed (site, then scalar), nondeterministic."""
 
 from __future__ import annotations
 

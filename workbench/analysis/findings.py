@@ -8,6 +8,8 @@ from its resume step on); the demo prints the result. Pure: records in, sentence
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.resume import resume_check
 from workbench.store.records import RunRecords
@@ -27,16 +29,22 @@ def describe(result: Comparison, label: str) -> str:
             f"(origins: {origins}); at the last step the largest relative L2 difference is {_largest(result):.2e}")
 
 
-def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]]) -> list[str]:
+def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]], *,
+                   comparison: Callable[[str, str], Comparison] | None = None) -> list[str]:
     """One sentence per comparison: each group of ``repeats`` against its first run, every other run
-    against ``reference``."""
+    against ``reference``. ``comparison(a, b)`` compares two runs by name (a cache: ``Workspace.comparison``);
+    by default ``compare`` of their records."""
+    pair = comparison or (lambda a, b: compare(records[a], records[b]))
     lines = []
     groups = [[n for n in group if n in records] for group in repeats]
     groups = [g for g in groups if len(g) > 1]
+    noise = []
     for first, *others in groups:
-        for other in others:
-            lines.append(describe(compare(records[first], records[other]), f"repeats {first} vs {other}"))
-    noise = [compare(records[g[0]], records[g[1]]) for g in groups]
+        for i, other in enumerate(others):
+            result = pair(first, other)
+            lines.append(describe(result, f"repeats {first} vs {other}"))
+            if i == 0:
+                noise.append(result)
     floor = max((_largest(r) for r in noise if not r.identical), default=None)
     repeating = {n for g in groups for n in g[1:]}
     for name, run in records.items():
@@ -45,7 +53,7 @@ def study_findings(records: dict[str, RunRecords], reference: str, repeats: list
         if run.resumes:
             lines.append(resume_check(run, records[reference]).summary())
             continue
-        result = compare(records[reference], run)
+        result = pair(reference, name)
         line = describe(result, f"{name} vs {reference}")
         if floor is not None and not result.identical:
             line += f" (nondeterministic repeats: {floor:.2e})"

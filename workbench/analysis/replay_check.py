@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import IncomparableRunsError, compare
-from workbench.analysis.difference import relative
+from workbench.analysis.difference import first_true, relative
 from workbench.store.records import RunRecords
 
 SCALARS = ("loss", "grad_norm")
@@ -114,19 +114,15 @@ def replay_check(original: RunRecords | None, replay: RunRecords | None, origina
             shared = [s for s in result.common_steps if from_step <= s <= to_step]
             not_compared = None if shared else f"the runs recorded no step of {from_step}..{to_step} in common"
             sites = len(result.common_sites)
-            site_first = result.first_difference(shared) if shared else None
             if shared:
+                site_first = result.first_difference(shared)
                 rel = result.relative_difference.sel(step=shared, stat="l2").max(dim="site", skipna=False)
                 site_rel.loc[shared] = np.asarray(rel.values, dtype=float)
     # the first step where a site or a scalar differs; at that step a site before a scalar
-    first_step, first_site = (site_first.step, site_first.site) if site_first is not None else (None, None)
-    for i, step in enumerate(steps):
-        if first_step is not None and step >= first_step:
-            break
-        bad = [name for name, diff in scalar_diff.items() if diff[i]]
-        if bad:
-            first_step, first_site = step, bad[0]
-            break
+    scalar_first = first_true(pd.DataFrame(scalar_diff, index=steps, dtype=bool))
+    first = site_first if scalar_first is None or (site_first is not None and site_first.step <= scalar_first.step) \
+        else scalar_first
+    first_step, first_site = (first.step, first.site) if first is not None else (None, None)
     loss_rel = relative(original_scalars.loc[steps, "loss"].to_numpy(dtype=float),
                         replay_scalars.loc[steps, "loss"].to_numpy(dtype=float))
     closeness = pd.DataFrame({"loss_rel": loss_rel, "max_site_rel": site_rel.to_numpy()},

@@ -1,6 +1,6 @@
 """The first operation at which two runs differ, from operation traces of one step.
 
-    origin = first_operation(trace_a, trace_b)     # traces: read_op_trace(run_dir, step)
+    origin = first_operation(trace_a, trace_b)     # traces: open_run(run_dir).op_trace(step)
     origin.summary()
 
 Pure: two tables of traced operations in (``workbench.store.op_trace.read_trace``: one row

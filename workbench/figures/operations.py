@@ -3,7 +3,7 @@
     fig = operation_figure(bisect.operation, title="det-r0 vs fault, step 33")
     fig = replay_figure(replay.check)
 
-Pure: results of ``analysis.optrace.first_operation`` and ``analysis.replay.replay_check`` in,
+Pure: results of ``analysis.trace_alignment.first_operation`` and ``analysis.replay_check`` in,
 figures out. The operation figure puts every aligned operation of the step on one row per
 module scope, in execution order: grey where the outputs are equal, orange where an input
 already differs (downstream), and the origin as a red star. Rows follow the model: scopes by

@@ -1,7 +1,7 @@
 """How every figure looks: a print-friendly template, a colour-blind-safe palette and the provenance footer.
 
     fig = go.Figure(...)
-    apply_style(fig, title="...", provenance=Provenance.of(...))
+    apply_style(fig, title="...", provenance=workspace.provenance(names))   # a store.manifest.Provenance
 
 The palette is Okabe and Ito's colours (their yellow, unreadable on white paper, swapped for
 wine), distinguishable with the common colour-vision deficiencies; sequential scales are cividis. Every

@@ -8,7 +8,7 @@ shows every other run minus the reference, so differences of 1e-6 on a loss of 2
 visible; the noise floor (the envelope of repeats of one configuration) is drawn as a
 grey band in both panels, the seed-to-seed spread (runs that differ only in seed) as a blue
 one. ``anomalies`` (a ``find_anomalies`` table, with a ``run`` column when there are several
-runs) are marked on the curves by ``figures.anomalies.mark_anomalies``.
+runs) are marked on the curves by ``figures.anomaly_marks.mark_anomalies``.
 """
 
 from __future__ import annotations

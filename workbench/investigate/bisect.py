@@ -6,7 +6,7 @@
 1. **Step and site** from the stores: the first step at which a fingerprint differs, and
    the first site in execution order (``analysis.compare``).
 2. **Operation**: both runs are replayed from their nearest checkpoint before that step
-   with the step under the operation tracer, and ``analysis.optrace.first_operation``
+   with the step under the operation tracer, and ``analysis.trace_alignment.first_operation``
    names the first operation whose inputs are equal and whose outputs differ (or the
    one-run-only operation that made the first difference), with its module path and
    source line.

@@ -115,7 +115,7 @@ class ActivationSide:
         def on_gradient(grad: torch.Tensor) -> None:
             if slots.state is None:
                 return
-            slot = slots.slot("act_grad", name, placement, grad)
+            slot = slots.slot("act_grad", name, placement, grad)  # one dict lookup after the first
             if slot.site is not None:
                 # Each DP rank differentiates the mean loss of its own share of the batch: scaled
                 # by 1/dp this is the gradient of the global-batch loss, the same for every layout

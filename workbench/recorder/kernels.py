@@ -123,8 +123,9 @@ _ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f"], "scalar": ["-mno-avx2", "-
 
 @functools.cache
 def native(isa: str = "native") -> Any:
-    """The C++ kernel module (``accumulate``, ``accumulate_many``, ``accumulate_differences``), built on
-    first use and cached per machine; ``isa`` holds the build to fewer vector instructions (``ISAS``)."""
+    """The C++ kernel module (``accumulate``, ``accumulate_many``, ``accumulate_differences``,
+    ``accumulate_copies``, ``instruction_set``), built on first use and cached per machine; ``isa`` holds
+    the build to fewer vector instructions (``ISAS``)."""
     from torch.utils import cpp_extension
 
     source = Path(__file__).with_name("native_stats.cpp")

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from workbench.recorder.slots import Slots
-from workbench.recorder.step_state import StepState
 from workbench.recorder.targets import ParameterTarget, adam_moments
 from workbench.sites import site_id
 
@@ -28,7 +27,7 @@ class ParameterSide:
         self._before: dict[str, torch.Tensor] = {}
         """Each ``update`` site's parameter as the step began (buffers reused at every recorded step)."""
 
-    def begin(self, state: StepState) -> None:
+    def begin(self) -> None:
         """The parameters as the forward will see them, and their copies for the ``update`` sites."""
         slots = self._slots
         copies, plain = [], []
@@ -41,13 +40,12 @@ class ParameterSide:
                 before = self._before.get(target.name)
                 if before is None:
                     before = self._before[target.name] = torch.empty_like(target.param, requires_grad=False)
-                state.before[target.name] = before
             slot = slots.slot("param", target.name, target.placement, target.param) \
                 if "param" in self._kinds else None
             param = target.param.detach()
             if slot is not None and slot.site is not None:
                 slots.snapshot(slot, param)
-                acc = slots.accumulator(slot, param.device)
+                acc = slots.accumulator(slot)
                 if before is not None:  # the parameter's statistics and its copy in one read
                     copies.append((param, before, slot.coords, acc.acc, acc.lanes))
                 else:
@@ -69,7 +67,7 @@ class ParameterSide:
                 entries.append((kind, target.name, grad, target.placement))
         self._slots.record_many(entries)
 
-    def after_optimizer(self, state: StepState, optimizer: Any) -> None:
+    def after_optimizer(self, optimizer: Any) -> None:
         """The moments (if there is an optimizer) and the updates, once the optimizer has stepped."""
         if optimizer is not None and self._kinds & {"exp_avg", "exp_avg_sq"}:
             moments = list(adam_moments(optimizer, self.targets))
@@ -79,19 +77,19 @@ class ParameterSide:
                                     + [("exp_avg_sq", t.name, avg_sq, t.placement) for t, _, avg_sq in moments
                                        if "exp_avg_sq" in self._kinds])
         if "update" in self._kinds:
-            self._updates(state)
+            self._updates()
 
-    def _updates(self, state: StepState) -> None:
+    def _updates(self) -> None:
         """Each parameter minus its copy from the start of the step, element by element inside the
         statistics pass (materialised only for a snapshot)."""
         slots = self._slots
         differences, materialised = [], []
         for target in self.targets:
             slot = slots.slot("update", target.name, target.placement, target.param, torch.float32)  # in order
-            before = state.before.get(target.name)
+            before = self._before.get(target.name)  # copied when the step began
             if before is None or slot.site is None:
                 continue
-            acc = slots.accumulator(slot, target.param.device)
+            acc = slots.accumulator(slot)
             after = target.param.detach()
             if slots.snapshot_due(slot.site):
                 update = after.float() - before.float()

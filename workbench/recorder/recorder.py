@@ -113,9 +113,9 @@ class Recorder:
         if step not in self._rows:
             self._slots.state = None
             return
-        state = self._slots.begin(step, snapshots=step in self.record.snapshot_steps)
+        self._slots.begin(step, snapshots=step in self.record.snapshot_steps)
         self._activations.hooks.attach()
-        self._parameters.begin(state)
+        self._parameters.begin()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -133,7 +133,7 @@ class Recorder:
         state = self._slots.state
         if state is not None:
             with torch._C.DisableTorchFunction():
-                self._parameters.after_optimizer(state, self._optimizer)
+                self._parameters.after_optimizer(self._optimizer)
             self._slots.state = None
             self._finish(step, state)
             if step + 1 not in self._rows:  # the next step runs without module hooks

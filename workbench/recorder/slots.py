@@ -3,8 +3,8 @@
 A *slot* is where one tensor of a site goes: the site (None where the tensor is not recorded:
 filtered out, or a replica that another rank counts), its placement in the full tensor, and the
 kernel's coordinates for it. Slots are made on first sight (registering the site) and cached by
-(kind, name, placement), so a hook called hundreds of times a step does one lookup, then one
-kernel call. ``Slots`` also holds the step being recorded (its accumulators and snapshots).
+(kind, name, placement). ``Slots`` also holds the step being recorded (its accumulators and
+snapshots); ``Stopwatch`` adds up the recorder's own time in a step.
 """
 
 from __future__ import annotations
@@ -83,9 +83,8 @@ class Slots:
         self.snapshotting = False
         """Whether the current step takes snapshots."""
 
-    def begin(self, step: int, *, snapshots: bool) -> StepState:
+    def begin(self, step: int, *, snapshots: bool) -> None:
         self.step, self.snapshotting, self.state = step, snapshots, StepState()
-        return self.state
 
     def slot(self, kind: str, name: str, placement: Placement, tensor: torch.Tensor,
              dtype: torch.dtype | None = None) -> Slot:
@@ -100,9 +99,9 @@ class Slots:
                 self._fused and tensor.device.type == "cpu")
         return slot
 
-    def accumulator(self, slot: Slot, device: torch.device | None = None) -> Accumulator:
+    def accumulator(self, slot: Slot) -> Accumulator:
         assert self.state is not None and slot.site is not None
-        return self.state.accumulator(slot.site, device or slot.device)
+        return self.state.accumulator(slot.site, slot.device)
 
     def accumulate(self, slot: Slot, tensor: torch.Tensor) -> None:
         """Add one tensor of a recorded slot into this step's accumulators (and snapshot it if due)."""
@@ -126,7 +125,7 @@ class Slots:
         for kind, name, tensor, placement in entries:
             slot = self.slot(kind, name, placement, tensor)
             if slot.site is not None:
-                acc = self.accumulator(slot, tensor.device)
+                acc = self.accumulator(slot)
                 self.snapshot(slot, tensor)
                 items.append((tensor, slot.coords, acc.acc, acc.lanes))
         self.add_many(items)

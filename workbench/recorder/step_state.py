@@ -44,8 +44,6 @@ class StepState:
 
     acc: dict[str, Accumulator] = field(default_factory=dict)
     """Each site's accumulators, in the order the sites were first recorded in this step."""
-    before: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Each ``update`` site's parameter as the step began."""
     snapshots: list[Snapshot] = field(default_factory=list)
     grads_recorded: bool = False
     _blocks: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)

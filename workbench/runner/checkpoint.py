@@ -49,10 +49,10 @@ def _writes_model_file(directory: Path) -> bool:
 
 def _shard_info(param: torch.Tensor) -> list[int] | None:
     """[partition dim, TP rank, TP size] of a tensor-parallel parameter, None for a replica."""
-    rank, size = ParallelRanks.current().tensor_parallel(param)
-    if not getattr(param, "tensor_model_parallel", False) or size == 1:
+    if not getattr(param, "tensor_model_parallel", False):
         return None
-    return [int(param.partition_dim), rank, size]  # type: ignore[attr-defined]
+    rank, size = ParallelRanks.current().tensor_parallel(param)
+    return [int(param.partition_dim), rank, size] if size > 1 else None  # type: ignore[attr-defined]
 
 
 def _sharded_state(gpt: torch.nn.Module) -> dict[str, Any]:

@@ -150,7 +150,7 @@ class Provenance:
 
     def lines(self) -> tuple[str, str]:
         """Two lines of text: the runs; their configs, the store schema and the code revision."""
-        revision = (self.revision or "unknown")[:12]
+        revision = ", ".join(part[:12] for part in (self.revision or "unknown").split(", "))  # one per revision
         configs = "; ".join(self.configs[:3]) + (" ..." if len(self.configs) > 3 else "")
         runs = ", ".join(self.runs[:6]) + (f" and {len(self.runs) - 6} more" if len(self.runs) > 6 else "")
         return f"runs: {runs}", f"config: {configs} · store schema v{self.schema_version} · revision {revision}"
@@ -290,11 +290,12 @@ def environment_facts(directory: Path | None = None) -> dict[str, Any]:
             "git_revision": git_revision(directory), "launcher": {"pid": os.getpid(), "host": host}}
 
 
-def runner_manifest(cfg: RunConfig) -> dict[str, Any]:
-    """The attributes of a new store the workbench's runner trains ``cfg`` into."""
+def runner_manifest(cfg: RunConfig, *, producer: str = RUNNER, **facts: Any) -> dict[str, Any]:
+    """The attributes of a new store the workbench's runner trains ``cfg`` into (or another ``producer``
+    writes as if it had: a synthetic store), with the producer's further ``facts``."""
     m = cfg.model
     info = RunManifest(
-        run_id=new_run_id(cfg.name), name=cfg.name, producer=RUNNER,
+        run_id=new_run_id(cfg.name), name=cfg.name, producer=producer,
         model=ModelSignature(num_layers=m.num_layers, hidden_size=m.hidden_size,
                              num_attention_heads=m.num_attention_heads, vocab_size=m.vocab_size,
                              seq_length=m.seq_length, num_experts=m.num_experts or None,
@@ -305,4 +306,4 @@ def runner_manifest(cfg: RunConfig) -> dict[str, Any]:
         deterministic=cfg.deterministic, seed=cfg.seed, determinism=determinism.describe(cfg.deterministic),
         config=cfg.to_dict())
     return store_attributes(info, status=Status.CREATED, config_hash=cfg.numerics_hash(), fault=cfg.fault.describe(),
-                            **environment_facts())
+                            **environment_facts(), **facts)

@@ -64,9 +64,9 @@ def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: in
         raise ArgumentError(f"diverge_at={diverge_at} lies outside {steps} steps x {sites} sites")
     run_dir = Path(run_dir)
     cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
-    manifest = {**runner_manifest(cfg), "producer": "synthetic"}
-    manifest["synthetic"] = {"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
-                             "initial_difference": initial_difference, "growth": growth}
+    manifest = runner_manifest(cfg, producer="synthetic",
+                               synthetic={"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
+                                          "initial_difference": initial_difference, "growth": growth})
     create_store(run_dir, manifest, steps)
     site_infos = synthetic_sites(sites)
     create_sites_group(run_dir, list(range(steps)), site_infos)

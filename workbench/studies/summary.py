@@ -106,7 +106,8 @@ def summarise(ws: Workspace) -> StudySummary:
     """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.reference
-    findings = study_findings(records, reference, ws.repeat_groups) if reference in records else []
+    findings = study_findings(records, reference, ws.repeat_groups, comparison=ws.comparison) \
+        if reference in records else []
     comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
     step, scales = ws.scales("val_loss")
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,

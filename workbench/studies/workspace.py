@@ -535,7 +535,7 @@ class Workspace:
         return Provenance(runs=tuple(r.run_id for r in runs),
                           configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
                           schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
-                          revision=", ".join(r[:12] for r in revisions) or None)
+                          revision=", ".join(revisions) or None)
 
 
 def _check_measure(measure: str) -> None:

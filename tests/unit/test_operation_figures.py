@@ -1,4 +1,4 @@
-"""figures.bisect: the operation figure stars the origin and keeps the model's order; the replay figure marks equal
+"""figures.operations: the operation figure stars the origin and keeps the model's order; the replay figure marks equal
 steps on a strip of their own (no made-up value on its log axis) and drops NaN."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tests.unit.test_optrace_analysis import T, Trace, _common
+from tests.unit.test_trace_alignment import T, Trace, _common
 from workbench.analysis.replay_check import ReplayCheck
 from workbench.analysis.trace_alignment import first_operation
 from workbench.figures.operations import operation_figure, replay_figure, scopes_in_model_order

@@ -1,4 +1,4 @@
-"""analysis.optrace: origin, one-run-only operations, tensor-parallel merging and alignment on made-up traces."""
+"""analysis.trace_alignment: origin, one-run-only operations, TP merging and alignment on made-up traces."""
 
 from __future__ import annotations
 
