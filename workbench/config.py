@@ -53,9 +53,13 @@ def _require(ok: bool, name: str, value: object, allowed: str) -> None:
         raise ConfigError(f"{name} = {value!r} is not allowed: {allowed}")
 
 
+def _is_int(value: object) -> bool:
+    """A whole number, and not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _positive(name: str, value: int) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-             name, value, "a whole number >= 1")
+    _require(_is_int(value) and value >= 1, name, value, "a whole number >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +105,7 @@ class ModelConfig:
                  and (self.num_experts == 0 or self.num_experts >= 2), "model.num_experts", self.num_experts,
                  "0 (dense) or a whole number >= 2")
         if self.num_experts:
-            _require(isinstance(self.moe_topk, int) and 1 <= self.moe_topk <= self.num_experts, "model.moe_topk",
+            _require(_is_int(self.moe_topk) and 1 <= self.moe_topk <= self.num_experts, "model.moe_topk",
                      self.moe_topk, f"a whole number from 1 to model.num_experts ({self.num_experts})")
             _require(isinstance(self.moe_aux_loss_coeff, (int, float)) and self.moe_aux_loss_coeff >= 0,
                      "model.moe_aux_loss_coeff", self.moe_aux_loss_coeff, "a number >= 0")
@@ -186,7 +190,7 @@ class OptimConfig:
         _require(self.min_lr <= self.lr, "optim.min_lr", self.min_lr, f"at most optim.lr ({self.lr})")
         _require(self.beta1 < 1 and self.beta2 < 1, "optim.beta1/beta2", (self.beta1, self.beta2),
                  "numbers in (0, 1)")
-        _require(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "optim.warmup_steps",
+        _require(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "optim.warmup_steps",
                  self.warmup_steps, "a whole number >= 0")
         _positive("optim.loss_scale_window", self.loss_scale_window)
 
@@ -201,7 +205,7 @@ class DataConfig:
     """Successors per token; the corpus entropy grows with it (ln(vocab) is no structure)."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.seed, int) and self.seed >= 0, "data.seed", self.seed, "a whole number >= 0")
+        _require(_is_int(self.seed) and self.seed >= 0, "data.seed", self.seed, "a whole number >= 0")
         _positive("data.branching", self.branching)
 
 
@@ -291,7 +295,7 @@ class RecordConfig:
         for pair in self.ranges:
             _require(len(pair) == 2 and 0 <= pair[0] < pair[1], "record.ranges", pair,
                      "pairs [start, stop) with 0 <= start < stop")
-        _require(all(isinstance(s, int) and s >= 0 for s in self.snapshot_steps), "record.snapshot_steps",
+        _require(all(_is_int(s) and s >= 0 for s in self.snapshot_steps), "record.snapshot_steps",
                  self.snapshot_steps, "whole numbers >= 0")
 
     def recorded_steps(self, total_steps: int) -> list[int]:
@@ -331,8 +335,8 @@ class FaultConfig:
                  "\"act:<module>\" such as \"act:layers.1.mlp\" or \"grad:<parameter>\"")
         for field_name in ("step", "index"):
             value = getattr(self, field_name)
-            _require(isinstance(value, int) and value >= 0, f"fault.{field_name}", value, "a whole number >= 0")
-        _require(isinstance(self.bit, int) and 0 <= self.bit < 32, "fault.bit", self.bit, "a whole number in [0, 32)")
+            _require(_is_int(value) and value >= 0, f"fault.{field_name}", value, "a whole number >= 0")
+        _require(_is_int(self.bit) and 0 <= self.bit < 32, "fault.bit", self.bit, "a whole number in [0, 32)")
         _require(isinstance(self.factor, (int, float)) and self.factor == self.factor, "fault.factor", self.factor,
                  "a number")
 
@@ -387,10 +391,10 @@ class RunConfig:
         object.__setattr__(self, "checkpoint_format", _enum(CheckpointFormat, self.checkpoint_format,
                                                             "checkpoint_format"))
         _require(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
-        _require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "a whole number >= 0")
+        _require(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a whole number >= 0")
         for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
             _positive(name, getattr(self, name))
-        _require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "checkpoint_every",
+        _require(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint_every",
                  self.checkpoint_every, "a whole number >= 0 (0 = no checkpoints)")
         m, lay = self.model, self.layout
         per_step = self.micro_batch_size * lay.dp

@@ -11,9 +11,10 @@ import xarray as xr
 import zarr
 
 from tests.conftest import write_synthetic_run
-from workbench.errors import NotARunError, RunNotFoundError, SchemaVersionError
+from workbench.errors import DamagedStoreError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
 from workbench.store.reader import list_runs, open_run
+from workbench.store.synthetic import write_synthetic_run as write_recorded_run
 from workbench.store.writer import update_manifest
 
 
@@ -144,3 +145,28 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path: Path) -> None:
     for i in range(count):
         assert open_run(tmp_path / f"run{i}").fingerprints().shape == (4, 6)
     assert not [p for p in tmp_path.rglob(".*")]  # no staging folder left behind
+
+
+def _first_chunk(array_dir: Path) -> Path:
+    return next(p for p in sorted((array_dir / "c").rglob("*")) if p.is_file())
+
+
+def test_every_chunk_of_a_written_row_is_on_disk_even_when_it_holds_only_fill_values(tmp_path: Path) -> None:
+    run_dir = write_synthetic_run(tmp_path / "run")
+    store = layout.RunPaths(run_dir).store
+    assert np.isnan(open_run(run_dir).scalars.val_loss).all()  # the fill value, NaN, in every written row
+    assert open_run(run_dir).every_chunk_written
+    _first_chunk(store / "scalars" / "val_loss").unlink()
+    with pytest.raises(DamagedStoreError, match=r"scalars/val_loss: the chunk of rows 0-11 is missing"):
+        _ = open_run(run_dir).scalars
+
+
+def test_an_older_store_is_checked_where_a_missing_chunk_cannot_be_fill_values(tmp_path: Path) -> None:
+    run_dir = write_recorded_run(tmp_path / "run", steps=8, sites=12, seed=1)
+    store = layout.RunPaths(run_dir).store
+    update_manifest(run_dir, **{layout.EVERY_CHUNK_WRITTEN: None})  # as stores written before the flag
+    _first_chunk(store / "scalars" / "val_loss").unlink()  # such a store left all-NaN chunks out
+    assert np.isnan(open_run(run_dir).scalars.val_loss).all()
+    _first_chunk(store / "sites" / "stats").unlink()  # a recorded row is never all fill values
+    with pytest.raises(DamagedStoreError, match=r"sites/stats: the chunk of rows .* is missing"):
+        open_run(run_dir).records()

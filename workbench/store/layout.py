@@ -32,6 +32,7 @@ writes its own regions of a snapshot, whose chunks are exactly those regions.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -40,6 +41,8 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
+from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from workbench.errors import DamagedStoreError
 
@@ -91,6 +94,19 @@ FINGERPRINT_ARRAY = "fingerprint"
 SNAPSHOTS_GROUP = "snapshots"
 COMPRESSORS = (ZstdCodec(level=0, checksum=True),)
 """Every chunk is compressed with a checksum, so a corrupt chunk fails to read instead of reading wrong."""
+EVERY_CHUNK_WRITTEN = "every_chunk_written"
+"""Manifest flag of stores whose writers put every chunk of a written row on disk, even one that equals
+the fill value (Zarr leaves those out by default): in such a store any missing chunk of a done row is
+damage. In older stores only the arrays that never hold a chunk of fill values are checked
+(``ALWAYS_WRITTEN``)."""
+WRITE_EVERY_CHUNK = {"array.write_empty_chunks": True}
+"""The Zarr configuration a writer opens arrays under (``zarr.config.set``)."""
+MAX_STEPS = 10**8
+"""Most planned steps a store may declare when its manifest does not say (a 100 MB ``done`` row)."""
+MAX_SITES = 10**6
+"""Most sites a store may declare."""
+MAX_STATS = 1024
+"""Most statistics per site a store may declare."""
 
 
 def snapshot_path(step: int, kind: str, name: str) -> str:
@@ -179,12 +195,51 @@ def resolve_run_dir(path: Path) -> Path | None:
 
 
 def array(group: zarr.Group, path: str) -> zarr.Array:
-    """The array at ``path`` inside ``group``; ``DamagedStoreError`` if it is missing or a group."""
+    """The array at ``path`` inside ``group``; ``DamagedStoreError`` if it is missing, a group, or declares
+    chunks larger than itself (a chunk is allocated whole when it is read)."""
     node = _node(group, path)
     if not isinstance(node, zarr.Array):
         raise DamagedStoreError(f"{_where(group, path)} is a group where the run store keeps an array; "
                                 "the store is damaged (rewrite the run)")
+    chunks = node.metadata.chunks if hasattr(node.metadata, "chunks") else node.chunks
+    if any(c > max(n, 1) for c, n in zip(chunks, node.shape)):
+        raise DamagedStoreError(f"{_where(group, path)} declares chunks {tuple(chunks)} larger than its shape "
+                                f"{node.shape}; the store is damaged (rewrite the run)")
     return node
+
+
+def check_shape(node: zarr.Array, expected: tuple[int, ...], what: str) -> None:
+    """``DamagedStoreError`` naming the array unless its shape is ``expected`` (checked before a read
+    allocates anything: a declared shape is only a number in ``zarr.json``)."""
+    if tuple(node.shape) != tuple(expected):
+        where = str(node.store_path).removeprefix("file://")
+        raise DamagedStoreError(f"{where}: declares shape {tuple(node.shape)} where {what} gives {tuple(expected)}; "
+                                "the store is damaged (rewrite the run)")
+
+
+def require_rows(node: zarr.Array, start: int, stop: int) -> None:
+    """``DamagedStoreError`` naming the array and the steps when a chunk holding rows [start, stop) is not
+    on disk: Zarr would read it as fill values, and a row marked done is never made of those."""
+    if stop <= start:
+        return
+    chunks = node.chunks
+    grid = [range(start // chunks[0], -(-stop // chunks[0]))] + [range(-(-n // c)) for n, c in
+                                                                  zip(node.shape[1:], chunks[1:])]
+    for coords in itertools.product(*grid):
+        if not _chunk_on_disk(node, coords):
+            first = coords[0] * chunks[0]
+            where = str(node.store_path).removeprefix("file://")
+            raise DamagedStoreError(f"{where}: the chunk of rows {max(first, start)}-{min(first + chunks[0], stop) - 1}"
+                                    " is missing, though those rows are marked done; the run store is damaged (a "
+                                    "deleted file): rewrite the run or restore the chunk")
+
+
+def _chunk_on_disk(node: zarr.Array, coords: tuple[int, ...]) -> bool:
+    key = node.metadata.encode_chunk_key(coords)
+    store, path = node.store_path.store, node.store_path.path
+    if isinstance(store, LocalStore):  # one stat, not an event-loop round trip per chunk
+        return (Path(store.root) / path / key).is_file()
+    return bool(sync(store.exists(f"{path}/{key}" if path else key)))
 
 
 def subgroup(group: zarr.Group, path: str) -> zarr.Group:
@@ -225,9 +280,10 @@ def read(node: zarr.Array, selection: Any = slice(None)) -> np.ndarray:
 class GuardedArray:
     """A zarr array for ``dask.array.from_array`` whose reads fail as ``DamagedStoreError`` (see ``read``)."""
 
-    def __init__(self, node: zarr.Array) -> None:
+    def __init__(self, node: zarr.Array, rows: int | None = None) -> None:
         self._node = node
-        self.shape, self.dtype, self.ndim = node.shape, node.dtype, node.ndim
+        self.shape = node.shape if rows is None else (min(rows, node.shape[0]), *node.shape[1:])
+        self.dtype, self.ndim = node.dtype, node.ndim
 
     def __getitem__(self, selection: Any) -> np.ndarray:
         return read(self._node, selection)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import math
 import os
 import platform
 import socket
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,15 +172,30 @@ def _require(attrs: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
     return value
 
 
+_LARGEST_SIZE = 2**31 - 1
+"""Largest layer count, width, vocabulary, sequence or parallel size a manifest may state."""
+_LARGEST_COUNT = 2**63 - 1
+"""Largest parameter count, seed or step a manifest may state (what an int64 holds)."""
+
+
+def _in_range(value: Any, name: str, low: float, high: float, source: str) -> Any:
+    """``value`` (None passes), or ``DamagedStoreError`` naming the field when it lies outside [low, high]."""
+    if value is not None and not low <= value <= high:
+        raise DamagedStoreError(f"{source}: the manifest field {name!r} is {value!r}, outside [{low:g}, {high:g}]; "
+                                "rewrite the run or restore the field")
+    return value
+
+
 def _model(value: Any, source: str) -> ModelSignature | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise DamagedStoreError(f"{source}: the manifest field 'model' is {type(value).__name__}, where a mapping "
                                 "belongs")
-    fields = {n: _require(value, n, int, f"{source} (model)") for n in
+    where = f"{source} (model)"
+    fields = {n: _in_range(_require(value, n, int, where), n, 1, _LARGEST_SIZE, where) for n in
               ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")}
-    extra = {n: _require(value, n, int, f"{source} (model)", optional=True)
+    extra = {n: _in_range(_require(value, n, int, where, optional=True), n, 0, _LARGEST_COUNT, where)
              for n in ("parameters", "num_experts", "moe_topk")}
     if not extra["num_experts"]:  # a dense model (a runner config says num_experts = 0)
         extra.update(num_experts=None, moe_topk=None)
@@ -194,23 +210,30 @@ def parse_layout(value: Any, source: str) -> ParallelLayout:
         raise DamagedStoreError(f"{source}: the manifest field 'layout' is {type(value).__name__}, where a mapping "
                                 "belongs")
     where = f"{source} (layout)"
-    sizes = {n: _require(value, n, int, where, optional=True) for n in ("tp", "pp", "dp", "cp", "ep")}
-    return ParallelLayout(**{n: v for n, v in sizes.items() if v is not None},
-                          vp=_require(value, "vp", int, where, optional=True),
+    sizes = {n: _in_range(_require(value, n, int, where, optional=True), n, 1, _LARGEST_SIZE, where)
+             for n in ("tp", "pp", "dp", "cp", "ep", "vp")}
+    vp = sizes.pop("vp")
+    return ParallelLayout(**{n: v for n, v in sizes.items() if v is not None}, vp=vp,
                           sp=bool(_require(value, "sp", bool, where, optional=True)))
 
 
 def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
     """The typed manifest of a store's attributes (schema v1 or v2); ``DamagedStoreError`` naming
-    ``source`` and the field when one is missing or of the wrong type."""
+    ``source`` and the field when one is missing, of the wrong type or out of range. The producer's
+    further facts that readers use (``FACTS``) are checked here too, so that no reader meets a bad one."""
+    check_facts(attrs, source)
     run_id = _require(attrs, "run_id", str, source)
     name = _require(attrs, "name", str, source)
     config = _require(attrs, "config", Mapping, source, optional=True)
+    if config is not None:  # every field's type and range, as the runner would take it
+        from workbench.config import RunConfig
+
+        RunConfig.from_dict(config, source=f"{source} (manifest config)")
     if "producer" in attrs:  # schema v2: the facts stand on their own
         producer = _require(attrs, "producer", str, source)
         model = _model(attrs.get("model"), source)
         deterministic = _require(attrs, "deterministic", bool, source, optional=True)
-        seed = _require(attrs, "seed", int, source, optional=True)
+        seed = _in_range(_require(attrs, "seed", int, source, optional=True), "seed", 0, _LARGEST_COUNT, source)
     else:  # schema v1: the runner's config holds them
         if config is None:
             raise DamagedStoreError(f"{source}: the manifest lacks the field 'config' (and, a schema v1 store, "
@@ -224,6 +247,79 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         precision=_require(attrs, "precision", str, source, optional=True), deterministic=deterministic, seed=seed,
         determinism=_require(attrs, "determinism", Mapping, source, optional=True) or {},
         user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _whole(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _finite(low: float, *, above: bool = False) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and \
+        (v > low if above else v >= low)
+
+
+def _steps(v: Any) -> bool:
+    return isinstance(v, list) and all(_whole(0, _LARGEST_COUNT)(step) for step in v)
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(n, str) for n in v)
+
+
+def _mapping(**fields: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A mapping whose named fields, where present and not None, pass their checks."""
+    return lambda v: isinstance(v, Mapping) and all(check(v[n]) for n, check in fields.items()
+                                                    if v.get(n) is not None)
+
+
+_PID = _whole(1, 2**31 - 1)
+FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "kind": (_text, "a non-empty string"),
+    "schema_version": (_whole(1, 2**31 - 1), "a whole number >= 1"),
+    "status": (lambda v: isinstance(v, str) and v in set(Status), f"one of {', '.join(Status)}"),
+    "started_at": (lambda v: isinstance(v, str), "a string (an ISO time)"),
+    "ended_at": (lambda v: isinstance(v, str), "a string (an ISO time)"),
+    "resumes": (_steps, "a list of step numbers >= 0"),
+    "steps_planned": (_whole(0, _LARGEST_COUNT), "a whole number >= 0"),
+    "config_hash": (lambda v: isinstance(v, str), "a string"),
+    "fault": (lambda v: isinstance(v, str), "a string"),
+    "git_revision": (lambda v: isinstance(v, str), "a string"),
+    "host": (lambda v: isinstance(v, str), "a string"),
+    "platform": (lambda v: isinstance(v, str), "a string"),
+    "kinds_missing": (_names, "a list of site kinds"),
+    "versions": (_mapping(), "a mapping of package to version"),
+    "runtime": (_mapping(), "a mapping"),
+    "error": (_mapping(), "a mapping"),
+    "launcher": (_mapping(pid=_PID, host=lambda v: isinstance(v, str)),
+                 "a mapping with a pid (1 to 2**31 - 1) and a host (a string)"),
+    "heartbeat": (_mapping(at=_finite(0.0), every_s=_finite(0.0, above=True)),
+                  "a mapping with 'at' (epoch seconds) and 'every_s' (> 0)"),
+    "started_from": (_mapping(run=lambda v: isinstance(v, str), run_id=lambda v: isinstance(v, str),
+                              step=_whole(0, _LARGEST_COUNT)), "a mapping with the run, its id and a step >= 0"),
+    "replay": (_mapping(step=_whole(0, _LARGEST_COUNT), from_step=_whole(0, _LARGEST_COUNT)),
+               "a mapping with the replayed step >= 0"),
+}
+"""The producer's further facts that readers use, and what each must be where present: checked when a
+manifest is parsed, so that a reader never meets a field of the wrong type (a pid past the OS's range,
+a resume step that is a string). Any other field is the producer's own and passes unread."""
+
+
+def check_facts(attrs: Mapping[str, Any], source: str) -> None:
+    """``DamagedStoreError`` naming the first of ``FACTS`` that is present (not None) and wrong."""
+    for name, (valid, what) in FACTS.items():
+        value = attrs.get(name)
+        if value is not None and not valid(value):
+            raise DamagedStoreError(f"{source}: the manifest field {name!r} is {type(value).__name__} "
+                                    f"{_shown(value)}, where {what} belongs; rewrite the run or restore the field")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def manifest_fields(info: RunManifest) -> dict[str, Any]:

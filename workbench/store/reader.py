@@ -36,7 +36,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.store import layout
-from workbench.store.manifest import RunManifest, parse_manifest
+from workbench.store.manifest import RunManifest, check_facts, parse_manifest
 from workbench.store.op_trace import read_trace
 from workbench.store.records import RunRecords
 
@@ -81,14 +81,31 @@ class Run:
                                   "has no workbench run config")
         return RunConfig.from_dict(self.info.config, source=f"{self.paths.store} (manifest)")
 
-    @property
+    @cached_property
     def steps_planned(self) -> int:
-        return int(layout.array(self._scalars, layout.DONE_FIELD).shape[0])
+        """Rows of the scalars: bounded by what the manifest plans, every scalar array of that shape."""
+        planned = int(layout.array(self._scalars, layout.DONE_FIELD).shape[0])
+        stated = self.manifest.get("steps_planned", (self.info.config or {}).get("steps"))
+        bound = stated if isinstance(stated, int) and not isinstance(stated, bool) else layout.MAX_STEPS
+        if planned > bound:
+            raise DamagedStoreError(f"{self.paths.store}: the scalars declare {planned} steps where the manifest "
+                                    f"plans {bound}; the store is damaged (rewrite the run)")
+        for name in layout.SCALAR_FIELDS:
+            if name in self._scalars or name not in layout.ADDED_SCALARS:
+                layout.check_shape(layout.array(self._scalars, name), (planned,), "the scalars' done row")
+        return planned
+
+    @property
+    def every_chunk_written(self) -> bool:
+        """Whether every chunk of a done row is on disk (``layout.EVERY_CHUNK_WRITTEN``): then a missing one
+        of any array is damage; in older stores only the site records are checked."""
+        return self.manifest.get(layout.EVERY_CHUNK_WRITTEN) is True
 
     @property
     def done(self) -> np.ndarray:
         """Per planned step: whether its row has been written (re-read on every access)."""
-        return layout.read(layout.array(self._scalars, layout.DONE_FIELD)).astype(bool)
+        # read up to the checked number of steps: a declared shape is not allocated unchecked
+        return layout.read(layout.array(self._scalars, layout.DONE_FIELD), slice(0, self.steps_planned)).astype(bool)
 
     def _completed_span(self) -> tuple[int, int]:
         """[first, end) of the steps written without a gap from the first written one."""
@@ -112,7 +129,8 @@ class Run:
     @property
     def status(self) -> str:
         """The stored status; a 'created' or 'running' store whose launcher is gone reads 'interrupted'."""
-        attrs = zarr.open_group(self.paths.store, mode="r").attrs
+        attrs = dict(zarr.open_group(self.paths.store, mode="r").attrs)
+        check_facts(attrs, str(self.paths.store))  # re-read while it runs: checked each time
         status = str(attrs.get("status", layout.Status.CREATED))
         if status in (layout.Status.CREATED, layout.Status.RUNNING) and \
                 not _producer_alive(attrs.get("launcher") or {}, attrs.get("heartbeat")):
@@ -124,7 +142,7 @@ class Run:
         """Per-step scalars of the completed steps, indexed by ``step``."""
         group = self._scalars
         first, end = self._completed_span()
-        frame = pd.DataFrame({name: layout.read(layout.array(group, name), slice(first, end))
+        frame = pd.DataFrame({name: self._rows(layout.array(group, name), first, end, strict=self.every_chunk_written)
                               if name in group or name not in layout.ADDED_SCALARS else np.full(end - first, np.nan)
                               for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
@@ -147,7 +165,33 @@ class Run:
         if not self.has_sites:
             raise NoSitesError(f"{self.path}: run {self.name!r} has no per-site records (record.enabled = false, "
                                "or it ended before its first recorded step was written)")
-        return layout.subgroup(zarr.open_group(self.paths.store, mode="r"), layout.SITES_GROUP)
+        group = layout.subgroup(zarr.open_group(self.paths.store, mode="r"), layout.SITES_GROUP)
+        self._check_site_shapes(group)
+        return group
+
+    def _check_site_shapes(self, group: zarr.Group) -> None:
+        """Every site array's declared shape agrees with the others and lies within the scalars' and the
+        store's bounds, before any of them is read (each is allocated whole, or graphed, when read)."""
+        steps = layout.array(group, layout.DONE_FIELD).shape[0]
+        sites = layout.array(group, layout.SITE_DIM).shape[0]
+        stats = layout.array(group, layout.STAT_DIM).shape[0]
+        if steps > self.steps_planned or sites > layout.MAX_SITES or stats > layout.MAX_STATS:
+            raise DamagedStoreError(f"{self.paths.store}/{layout.SITES_GROUP}: declares {steps} recorded steps "
+                                    f"(of {self.steps_planned} planned), {sites} sites (at most {layout.MAX_SITES})"
+                                    f" and {stats} statistics; the store is damaged (rewrite the run)")
+        what = "the recorded steps, sites and statistics"
+        layout.check_shape(layout.array(group, layout.STEP_DIM), (steps,), "the recorded steps' done row")
+        for name in layout.SITE_META_FIELDS:
+            layout.check_shape(layout.array(group, name), (sites,), "the site coordinate")
+        layout.check_shape(layout.array(group, layout.STATS_ARRAY), (steps, sites, stats), what)
+        layout.check_shape(layout.array(group, layout.FINGERPRINT_ARRAY), (steps, sites), what)
+
+    @staticmethod
+    def _rows(node: zarr.Array, start: int, stop: int, *, strict: bool = True) -> np.ndarray:
+        """Rows [start, stop) of ``node``, marked done: a missing chunk among them is damage (``strict``)."""
+        if strict:
+            layout.require_rows(node, start, stop)
+        return layout.read(node, slice(start, stop))
 
     @property
     def recorded_steps_completed(self) -> int:
@@ -159,7 +203,9 @@ class Run:
         """Statistics and fingerprints as a lazy Dataset: ``stats`` (step, site, stat) and
         ``fingerprint`` (step, site), with site metadata (kind, name, layer, order, shape, dtype,
         numel) as coordinates; written steps only."""
-        self._sites_group()
+        group, n = self._sites_group(), self.recorded_steps_completed
+        for name in (layout.STATS_ARRAY, layout.FINGERPRINT_ARRAY):
+            layout.require_rows(layout.array(group, name), 0, n)
         ds = xr.open_zarr(self.paths.store, group=layout.SITES_GROUP, consolidated=False)
         ds = ds.set_coords(list(layout.SITE_META_FIELDS)).drop_vars(layout.DONE_FIELD)
         return ds.isel({layout.STEP_DIM: slice(0, self.recorded_steps_completed)})
@@ -183,7 +229,7 @@ class Run:
     def fingerprints(self) -> pd.DataFrame:
         """Fingerprints (uint64), one row per written recorded step, one column per site."""
         group, n = self._sites_group(), self.recorded_steps_completed
-        return pd.DataFrame(layout.read(layout.array(group, layout.FINGERPRINT_ARRAY), slice(0, n)),
+        return pd.DataFrame(self._rows(layout.array(group, layout.FINGERPRINT_ARRAY), 0, n),
                             columns=self._site_names(group), index=self._recorded_steps(group, n))
 
     def stat(self, name: str) -> pd.DataFrame:
@@ -192,8 +238,9 @@ class Run:
         names = self._stat_names(group)
         if name not in names:
             raise ArgumentError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
-        return pd.DataFrame(layout.read(layout.array(group, layout.STATS_ARRAY), (slice(0, n), slice(None),
-                                                                                  names.index(name))),
+        source = layout.array(group, layout.STATS_ARRAY)
+        layout.require_rows(source, 0, n)
+        return pd.DataFrame(layout.read(source, (slice(0, n), slice(None), names.index(name))),
                             columns=self._site_names(group), index=self._recorded_steps(group, n))
 
     @staticmethod
@@ -235,15 +282,17 @@ class Run:
         group, n = self._sites_group(), self.recorded_steps_completed
         fingerprints = self.fingerprints()
         source = layout.array(group, layout.STATS_ARRAY)
-        # Dask reads chunk by chunk through a guard that names this store when a chunk is damaged.
-        data = da.from_array(layout.GuardedArray(source), chunks=source.chunks)[:n]
+        layout.require_rows(source, 0, n)
+        # Dask reads chunk by chunk through a guard that names this store when a chunk is damaged; the
+        # graph spans the written rows only, never the declared shape.
+        data = da.from_array(layout.GuardedArray(source, rows=n), chunks=(source.chunks[0], *source.shape[1:]))
         stats = xr.DataArray(data, dims=(layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM),
                              coords={layout.STEP_DIM: fingerprints.index.to_numpy(),
                                      layout.SITE_DIM: fingerprints.columns.to_numpy(),
                                      layout.STAT_DIM: self._stat_names(group)})
         return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
                           model=self.info.model.shape() if self.info.model else {}, status=self.status,
-                          resumes=tuple(int(s) for s in self.manifest.get("resumes", [])), scalars=self.scalars)
+                          resumes=tuple(self.manifest.get("resumes") or ()), scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""
@@ -257,10 +306,13 @@ class Run:
         kind, _, name = site.partition(":")
         path = layout.snapshot_path(step, kind, name)
         try:
-            return np.asarray(zarr.open_array(self.paths.store / path, mode="r")[...])
+            array = zarr.open_array(self.paths.store / path, mode="r")
         except (FileNotFoundError, KeyError, ValueError):
             raise NoSitesError(f"{self.path}: no snapshot of {site} at step {step}; "
                            "set record.snapshot_steps and record.snapshot_sites") from None
+        if self.every_chunk_written:  # each rank's region is a chunk of its own: every one must be there
+            layout.require_rows(array, 0, array.shape[0] if array.ndim else 0)
+        return layout.read(array, ...)
 
     def snapshot_dtype(self, step: int, site: str) -> str:
         """The dtype the tensor had in training (snapshots of 16-bit tensors are stored as float32)."""
@@ -327,7 +379,9 @@ def open_run(path: str | os.PathLike[str]) -> Run:
     if not (layout.RunPaths(run_dir).store / layout.SCALARS_GROUP / "zarr.json").is_file():
         raise DamagedStoreError(f"{path}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
                                 "created by its producer (try again in a moment) or it is damaged")
-    return Run(run_dir)
+    run = Run(run_dir)
+    _ = run.info  # every manifest field checked once, here, before any verb reads one
+    return run
 
 
 def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
@@ -363,4 +417,7 @@ def list_runs(directory: str | os.PathLike[str],
         except WorkbenchError as err:
             if on_skip is not None:
                 on_skip(run_dir, err)
+        except Exception as err:  # whatever else a damaged store raises: one run, never the whole listing
+            if on_skip is not None:
+                on_skip(run_dir, DamagedStoreError(f"{run_dir}: unreadable ({type(err).__name__}: {err})"))
     return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)

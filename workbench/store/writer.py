@@ -36,7 +36,8 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = _staging(run_dir, paths.store)
     root = zarr.open_group(staging, mode="w", zarr_format=3)
-    root.attrs.update({"kind": layout.STORE_KIND, "schema_version": layout.SCHEMA_VERSION, **manifest})
+    root.attrs.update({"kind": layout.STORE_KIND, "schema_version": layout.SCHEMA_VERSION, "steps_planned": steps,
+                       layout.EVERY_CHUNK_WRITTEN: True, **manifest})
     scalars = root.create_group(layout.SCALARS_GROUP)
     dims = [layout.STEP_DIM]
     chunks = (min(layout.STEP_CHUNK, steps),)
@@ -54,8 +55,16 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr
 
 
 def _array(group: zarr.Group, name: str, **spec: Any) -> zarr.Array:
-    """Create array ``name`` in ``group`` with the store's codecs (checksummed chunks)."""
-    return group.create_array(name, compressors=layout.COMPRESSORS, **spec)
+    """Create array ``name`` in ``group`` with the store's codecs (checksummed chunks), opened to write every
+    chunk (``layout.EVERY_CHUNK_WRITTEN``)."""
+    with zarr.config.set(layout.WRITE_EVERY_CHUNK):
+        return group.create_array(name, compressors=layout.COMPRESSORS, **spec)
+
+
+def _writable(group: zarr.Group, name: str) -> zarr.Array:
+    """An existing array of ``group``, opened to write every chunk, fill-valued or not."""
+    with zarr.config.set(layout.WRITE_EVERY_CHUNK):
+        return layout.array(group, name)
 
 
 def _staging(run_dir: Path, final: Path) -> Path:
@@ -105,7 +114,7 @@ class ScalarWriter:
     def __init__(self, run_dir: Path, flush_every: int) -> None:
         root = zarr.open_group(layout.RunPaths(run_dir).store, mode="r+")
         scalars = layout.subgroup(root, layout.SCALARS_GROUP)
-        self._arrays = {name: layout.array(scalars, name) for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)
+        self._arrays = {name: _writable(scalars, name) for name in (*layout.SCALAR_FIELDS, layout.DONE_FIELD)
                         if name in scalars or name not in layout.ADDED_SCALARS}  # an older store lacks those
         self._flush_every = flush_every
         self._rows: dict[int, Mapping[str, float]] = {}
@@ -239,9 +248,9 @@ def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprin
     """Write recorded-step rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64)."""
     group = layout.subgroup(zarr.open_group(layout.RunPaths(run_dir).store, mode="r+"), layout.SITES_GROUP)
     rows = slice(first_row, first_row + stats.shape[0])
-    layout.array(group, layout.STATS_ARRAY)[rows] = stats
-    layout.array(group, layout.FINGERPRINT_ARRAY)[rows] = fingerprints
-    layout.array(group, layout.DONE_FIELD)[rows] = 1
+    _writable(group, layout.STATS_ARRAY)[rows] = stats
+    _writable(group, layout.FINGERPRINT_ARRAY)[rows] = fingerprints
+    _writable(group, layout.DONE_FIELD)[rows] = 1
 
 
 def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str,
@@ -252,5 +261,6 @@ def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tu
 
 
 def write_snapshot_region(run_dir: Path, path: str, region: tuple[slice, ...], values: np.ndarray) -> None:
-    array = zarr.open_array(layout.RunPaths(run_dir).store / path, mode="r+")
+    with zarr.config.set(layout.WRITE_EVERY_CHUNK):
+        array = zarr.open_array(layout.RunPaths(run_dir).store / path, mode="r+")
     array[region] = values
