@@ -18,23 +18,102 @@
     workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
 
 Every verb builds config objects and calls library functions. A ``WorkbenchError`` is
-printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1.
+printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1. So is a
+bad argument: numbers outside their range and output paths that cannot be written are refused
+while parsing, before any work starts. Names from run stores are printed with their control
+characters escaped (``terminal_safe``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import NoReturn
 
 from workbench.config import load_run_config
-from workbench.errors import LaunchError, WorkbenchError
+from workbench.errors import ArgumentError, LaunchError, WorkbenchError
 
 DEFAULT_RUNS_DIR = Path("data/runs")
+
+_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with its control characters (C0, DEL, C1) escaped as ``\\x1b``, ``\\n`` ...: a run name
+    or a site name from a store cannot move the cursor, recolour the terminal or start a new line."""
+    return text.translate(_ESCAPES)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other error of the command (``--help`` as usual)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"workbench: error: {terminal_safe(message)} (see `{self.prog} --help`)\n")
+
+
+def _whole(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number >= {minimum}")
+        return value
+    return parse
+
+
+def _finite(minimum: float, *, inclusive: bool) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number >= ``minimum`` (``inclusive``) or > it."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value >= minimum if inclusive else value > minimum)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number "
+                                             f"{'>=' if inclusive else '>'} {minimum:g}")
+        return value
+    return parse
+
+
+def _output_problem(path: Path, *, folder: bool) -> str | None:
+    """Why ``path`` cannot be written (as a folder with ``folder``, else as a file); None when it can.
+    The nearest existing ancestor must be a writable folder; nothing is created to find out."""
+    if folder and os.path.lexists(path) and not path.is_dir():
+        return f"{path} is a file, not a folder; name a folder, or move the file away"
+    if not folder and path.is_dir():
+        return f"{path} is a folder, not a file; name a file (in it, for instance)"
+    start = path if folder else path.parent
+    ancestor = next((p for p in (start, *start.parents) if os.path.lexists(p)), Path.cwd())
+    if not ancestor.is_dir():
+        return f"{path} lies under {ancestor}, which is a file, not a folder; choose a path outside it"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{path} cannot be written: {ancestor} is not writable by this user; choose a writable folder"
+    return None
+
+
+def _writable_dir(text: str) -> Path:
+    """An argparse ``type``: an output folder that can be created (or exists)."""
+    if problem := _output_problem(Path(text), folder=True):
+        raise argparse.ArgumentTypeError(problem)
+    return Path(text)
+
+
+def _writable_file(text: str) -> Path:
+    """An argparse ``type``: an output file that can be written (created or replaced)."""
+    if problem := _output_problem(Path(text), folder=False):
+        raise argparse.ArgumentTypeError(problem)
+    return Path(text)
 
 
 class ProgressPrinter:
@@ -49,10 +128,10 @@ class ProgressPrinter:
         now = time.monotonic()
         if self._tty:
             end = "\n" if final else ""
-            self._stream.write(f"\r\033[K{message}{end}")
+            self._stream.write(f"\r\033[K{terminal_safe(message)}{end}")  # our own control of the line only
             self._stream.flush()
         elif final or now - self._last >= self._interval:
-            self._stream.write(message + "\n")
+            self._stream.write(terminal_safe(message) + "\n")
             self._stream.flush()
             self._last = now
 
@@ -93,6 +172,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from workbench.config import read_toml
 
     out = args.out or DEFAULT_RUNS_DIR / str(read_toml(args.study).get("name", args.study.stem))
+    if problem := _output_problem(out, folder=True):
+        raise ArgumentError(f"the study's folder: {problem} (or pass --out)")
     _run_study_file(args.study, out)
     return 0
 
@@ -108,6 +189,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.studies.workspace import Workspace
 
     moe_out = moe_demo_dir(args.out)
+    if problem := _output_problem(moe_out, folder=True):
+        raise ArgumentError(f"the MoE study's folder, beside --out: {problem}")
     for study, out in (("demo.toml", args.out), ("demo_moe.toml", moe_out)):
         with resources.as_file(resources.files("workbench") / "examples" / study) as study_file:
             _run_study_file(study_file, out)
@@ -156,12 +239,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from workbench.store.reader import list_runs
 
-    table = list_runs(args.directory, on_skip=lambda path, err: print(f"workbench: skipped {path}: {err}",
-                                                                      file=sys.stderr))
+    table = list_runs(args.directory, on_skip=lambda path, err: print(
+        terminal_safe(f"workbench: skipped {path}: {err}"), file=sys.stderr))
     if table.empty:
-        print(f"no runs under {args.directory}")
+        print(terminal_safe(f"no runs under {args.directory}"))
         return 0
-    print(table.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    table = table.drop(columns=["path"]).map(lambda cell: terminal_safe(cell) if isinstance(cell, str) else cell)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     return 0
 
 
@@ -179,19 +263,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                           "saturation_step": growth.saturation_step, "plateau": _finite_or_none(growth.plateau)},
                          indent=1))
         return 0
+    safe = terminal_safe
     for warning in result.warnings:
-        print(f"warning: {warning}")
-    print(f"{result.a} vs {result.b}: {len(result.common_steps)} common recorded steps, "
-          f"{len(result.common_sites)} common sites")
-    for label, only in (("only in " + result.a, result.only_in_a), ("only in " + result.b, result.only_in_b)):
+        print(f"warning: {safe(warning)}")
+    a, b = safe(result.a), safe(result.b)
+    print(f"{a} vs {b}: {len(result.common_steps)} common recorded steps, {len(result.common_sites)} common sites")
+    for label, only in (("only in " + a, result.only_in_a), ("only in " + b, result.only_in_b)):
         if only["steps"] or only["sites"]:
             print(f"  {label}: {len(only['steps'])} steps, {len(only['sites'])} sites (not compared)")
     if result.identical:
         print("bitwise identical at every common step and site")
         return 0
     print(f"first divergent step: {result.first_step}")
-    print(f"first divergent site: {result.first_site}")
-    print(f"origin sites at that step: {', '.join(result.origin_sites)}")
+    print(f"first divergent site: {safe(str(result.first_site))}")
+    print(f"origin sites at that step: {safe(', '.join(result.origin_sites))}")
     print(f"sites that ever differ: {len(result.frontier)} of {len(result.common_sites)}")
     growth = amplification(result)
     if growth.rate == growth.rate:  # not NaN: at least two steps with a difference
@@ -202,7 +287,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print(f"saturates at step {growth.saturation_step}, at {growth.plateau:.2e}")
     print("largest relative differences of the L2 norm at the last common step:")
     for site, value in result.largest_differences().items():
-        print(f"  {value:10.3e}  {site}")
+        print(f"  {value:10.3e}  {safe(site)}")
     return 0
 
 
@@ -247,14 +332,19 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 def _cmd_figure(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from workbench.errors import ArgumentError
     from workbench.figures.export import FORMATS, export_figures
     from workbench.figures.style import for_paper
+    from workbench.statistics import STAT_NAMES
+    from workbench.store.layout import SCALAR_FIELDS
     from workbench.studies.workspace import Workspace
 
     fmt = args.out.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
         raise ArgumentError(f"-o {args.out}: the file's extension says the format, one of {', '.join(FORMATS)}")
+    if args.stat not in STAT_NAMES:
+        raise ArgumentError(f"--stat {args.stat!r}: no such statistic; one of {', '.join(STAT_NAMES)}")
+    if args.quantity not in SCALAR_FIELDS:
+        raise ArgumentError(f"--quantity {args.quantity!r}: no such per-step scalar; one of {', '.join(SCALAR_FIELDS)}")
     ws = Workspace.open(*args.runs)
     names = [p.resolve().name for p in args.runs]
     if args.kind == "heatmap":
@@ -406,14 +496,16 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description="Divergence workbench for Megatron Core.")
+    parser = _Parser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="train one run config into a run store")
     run.add_argument("config", type=Path, help="run config (TOML)")
-    run.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR, help="folder for run folders (default %(default)s)")
+    run.add_argument("--out", type=_writable_dir, default=str(DEFAULT_RUNS_DIR),
+                     help="folder for run folders (default %(default)s)")
     run.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    run.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K steps (to resume later)")
+    run.add_argument("--stop-after", type=_whole(1), default=None, metavar="K",
+                     help="stop after K steps (to resume later)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
     run.add_argument("--start-from", type=Path, default=None, metavar="CHECKPOINT",
                      help="start at another layout's checkpoint (RUN/checkpoints/step_K, or a run folder: its "
@@ -422,11 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = verbs.add_parser("sweep", help="run every config of a study (skips complete runs)")
     sweep.add_argument("study", type=Path, help="study file (TOML)")
-    sweep.add_argument("--out", type=Path, default=None, help="folder for the runs (default data/runs/<study>)")
+    sweep.add_argument("--out", type=_writable_dir, default=None,
+                       help="folder for the runs (default data/runs/<study>)")
     sweep.set_defaults(func=_cmd_sweep)
 
     demo = verbs.add_parser("demo", help="run the demo study on CPU (and its MoE study, into OUT-moe)")
-    demo.add_argument("--out", type=Path, default=DEFAULT_RUNS_DIR / "demo",
+    demo.add_argument("--out", type=_writable_dir, default=str(DEFAULT_RUNS_DIR / "demo"),
                       help="default %(default)s; the MoE study goes beside it (data/runs/demo-moe)")
     demo.set_defaults(func=_cmd_demo)
 
@@ -448,19 +541,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("run", type=Path)
     check.add_argument("--golden", type=Path, required=True, help="the reference: a run, or a golden-values JSON "
                        "file (Megatron-LM's format or the workbench's, from `workbench golden`)")
-    check.add_argument("--steps", type=int, default=None, help="check the reference's steps below N")
-    check.add_argument("--rtol", type=float, default=None, help="compare statistics within this relative "
-                       "tolerance instead of fingerprints bitwise")
+    check.add_argument("--steps", type=_whole(1), default=None, help="check the reference's steps below N")
+    check.add_argument("--rtol", type=_finite(0, inclusive=True), default=None,
+                       help="compare statistics within this relative tolerance instead of fingerprints bitwise")
     check.set_defaults(func=_cmd_check)
 
     golden = verbs.add_parser("golden", help="write a run's golden-values file for CI (a few KiB)")
     golden.add_argument("run", type=Path)
-    golden.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    golden.add_argument("--out", type=_writable_file, required=True, help="the JSON file to write")
     golden.add_argument("--megatron", action="store_true", help="Megatron-LM's functional-test format (1-based "
                         "iterations, 5 decimals, no fingerprints) instead of the workbench's (full precision, "
                         "weight fingerprints)")
-    golden.add_argument("--steps", type=int, default=None, help="the first N steps only")
-    golden.add_argument("--interval", type=int, default=1, help="with --megatron: every K-th iteration")
+    golden.add_argument("--steps", type=_whole(1), default=None, help="the first N steps only")
+    golden.add_argument("--interval", type=_whole(1), default=1, help="with --megatron: every K-th iteration")
     golden.set_defaults(func=_cmd_golden)
 
     figure = verbs.add_parser("figure", help="one figure without a notebook, sized for a screen or a paper")
@@ -469,10 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "trajectories RUN... or DIR: a scalar of each run; sources DIR: which nondeterminism "
                         "source matters (an attribution study)")
     figure.add_argument("runs", type=Path, nargs="+", help="run folders, or a folder of runs")
-    figure.add_argument("-o", "--out", type=Path, required=True, help="the file: .png, .svg, .pdf or .html")
+    figure.add_argument("-o", "--out", type=_writable_file, required=True, help="the file: .png, .svg, .pdf or .html")
     figure.add_argument("--size", choices=("screen", "column", "page"), default="screen",
                         help="column: ~3.5 in wide, page: ~7 in (fonts 7-8 pt); screen: as in the notebooks")
-    figure.add_argument("--data", type=Path, default=None, help="also write the plotted data as CSV")
+    figure.add_argument("--data", type=_writable_file, default=None, help="also write the plotted data as CSV")
     figure.add_argument("--stat", default="l2", help="heatmap, sources: the statistic (default l2)")
     figure.add_argument("--quantity", default="loss", help="trajectories: the scalar (default loss)")
     figure.set_defaults(func=_cmd_figure)
@@ -482,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the noise floor)")
     resume.add_argument("resumed", type=Path)
     resume.add_argument("reference", type=Path, help="the uninterrupted run")
-    resume.add_argument("--from-step", type=int, default=None, metavar="K",
+    resume.add_argument("--from-step", type=_whole(0), default=None, metavar="K",
                         help="check from step K (default: the step the run was resumed from)")
     resume.add_argument("--floor", type=Path, default=None, metavar="RUN",
                         help="the noise floor's run: a run started at another layout is held to this run's distance "
@@ -492,41 +585,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = verbs.add_parser("report", help="write a self-contained report (figures, findings, manifests)")
     report.add_argument("runs", type=Path, nargs="+", help="run folders, or folders of runs")
-    report.add_argument("-o", "--output", type=Path, required=True, help="report file (.html or .pdf)")
+    report.add_argument("-o", "--output", type=_writable_file, required=True, help="report file (.html or .pdf)")
     report.add_argument("--format", choices=["html", "pdf"], default=None,
                         help="default: from the output file's suffix")
     report.set_defaults(func=_cmd_report)
 
     te = verbs.add_parser("import-te", help="import Transformer Engine debug statistics logs into a run store")
     te.add_argument("logs", type=Path, nargs="+", help="log files, or their nvdlfw_inspect_statistics_logs folder")
-    te.add_argument("--out", type=Path, required=True, help="the run folder to create")
+    te.add_argument("--out", type=_writable_dir, required=True, help="the run folder to create")
     te.add_argument("--name", default=None, help="run name (default: the folder's name)")
     te.set_defaults(func=_cmd_import_te)
 
     mtb = verbs.add_parser("import-megatron", help="import Megatron-LM's TensorBoard scalars (lm loss, grad-norm, "
                            "...) as a run")
     mtb.add_argument("logdir", type=Path, help="the folder of events.out.tfevents.* files (--tensorboard-dir)")
-    mtb.add_argument("--out", type=Path, required=True, help="the run folder to create")
+    mtb.add_argument("--out", type=_writable_dir, required=True, help="the run folder to create")
     mtb.add_argument("--name", default=None, help="run name (default: the folder's name)")
-    mtb.add_argument("--tokens-per-step", type=int, default=None, help="global batch x sequence length, for tokens/s")
+    mtb.add_argument("--tokens-per-step", type=_whole(1), default=None,
+                     help="global batch x sequence length, for tokens/s")
     mtb.set_defaults(func=_cmd_import_megatron)
 
     anomalies = verbs.add_parser("anomalies", help="first NaN/Inf, loss spikes, gradient norms, update ratios "
                                  "(exit 1 if any)")
     anomalies.add_argument("run", type=Path)
-    anomalies.add_argument("--window", type=int, default=20, help="steps in the rolling baseline")
-    anomalies.add_argument("--spike-factor", type=float, default=6.0,
+    anomalies.add_argument("--window", type=_whole(2), default=20, help="steps in the rolling baseline")
+    anomalies.add_argument("--spike-factor", type=_finite(0, inclusive=False), default=6.0,
                            help="a loss spike lies this many MADs above the rolling median")
     anomalies.add_argument("--follow", action="store_true",
                            help="follow a run being written: print anomalies as they appear, until it ends")
-    anomalies.add_argument("--interval", type=float, default=5.0, help="--follow: seconds between looks")
+    anomalies.add_argument("--interval", type=_finite(0, inclusive=False), default=5.0,
+                           help="--follow: seconds between looks")
     anomalies.set_defaults(func=_cmd_anomalies)
 
     rep = verbs.add_parser("replay", help="rerun a run from its nearest checkpoint before step K with full "
                            "recording; exit 1 unless it reproduces the original bitwise")
     rep.add_argument("run", type=Path)
-    rep.add_argument("--step", type=int, required=True, metavar="K", help="replay through step K")
-    rep.add_argument("--out", type=Path, default=None, help="the replay's run folder "
+    rep.add_argument("--step", type=_whole(0), required=True, metavar="K", help="replay through step K")
+    rep.add_argument("--out", type=_writable_dir, default=None, help="the replay's run folder "
                      "(default RUN/replays/step_K)")
     rep.add_argument("--trace", action="store_true", help="trace every operation of step K (for bisect)")
     rep.add_argument("--overwrite", action="store_true", help="replace an existing replay folder")
@@ -537,9 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "the step with operation tracing; writes bisect.md and bisect.json)")
     bis.add_argument("a", type=Path)
     bis.add_argument("b", type=Path)
-    bis.add_argument("--step", type=int, default=None, metavar="K",
+    bis.add_argument("--step", type=_whole(0), default=None, metavar="K",
                      help="bisect this step (default: the first divergent one)")
-    bis.add_argument("--out", type=Path, default=None, help="folder for the replays and the report "
+    bis.add_argument("--out", type=_writable_dir, default=None, help="folder for the replays and the report "
                      "(default: A's folder's bisect/A-vs-B)")
     bis.add_argument("--overwrite", action="store_true", help="replace earlier replays in --out")
     bis.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -548,14 +643,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0), or a bad argument already printed on one line (2)
+        return int(done.code or 0)
     try:
         return int(args.func(args))
     except LaunchError as err:
-        print(f"workbench: run failed: {err}", file=sys.stderr)
+        lines = str(err).splitlines() or [""]  # the failed rank's log excerpt follows on lines of its own
+        print("\n".join(terminal_safe(line) for line in [f"workbench: run failed: {lines[0]}", *lines[1:]]),
+              file=sys.stderr)
         return 1
     except WorkbenchError as err:
-        print(f"workbench: error: {err}", file=sys.stderr)
+        print(f"workbench: error: {terminal_safe(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("workbench: interrupted; every rank was stopped", file=sys.stderr)

@@ -50,7 +50,7 @@ def test_check_and_resume_check_exit_codes(pair, capsys: pytest.CaptureFixture[s
     (["compare", "{missing}", "{a}"], "no such run"),
     (["compare", "{tmp}", "{a}"], "not a run store"),
     (["check", "{a}", "--golden", "{a}", "--rtol", "-1"], "rtol"),
-    (["check", "{a}", "--golden", "{a}", "--steps", "0"], "no step below 0"),
+    (["check", "{a}", "--golden", "{a}", "--steps", "0"], "--steps: '0' is not allowed: a whole number >= 1"),
     (["resume-check", "{a}", "{a}"], "never resumed"),
     (["resume-check", "{a}", "{a}", "--from-step", "99"], "no recorded step from step 99"),
     (["report", "{missing}", "-o", "{tmp}/r.html"], "make demo"),

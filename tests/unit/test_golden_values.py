@@ -161,6 +161,14 @@ def test_a_file_of_another_format_is_one_line_saying_what_was_expected(tmp_path:
         read_golden_values(tmp_path / "absent.json")
 
 
+def test_a_failed_write_leaves_no_partial_file(tmp_path: Path) -> None:
+    folder = tmp_path / "golden.json"
+    folder.mkdir()  # a folder where the file should go: the final rename fails
+    with pytest.raises(OSError):
+        write_golden_values({"format": "any"}, folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["golden.json"] and list(folder.iterdir()) == []
+
+
 def write_megatron_tensorboard(logdir: Path, iterations: list[int]) -> None:
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary

@@ -137,8 +137,12 @@ def write_golden_values(data: Mapping[str, Any], path: str | os.PathLike[str]) -
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=1, allow_nan=False)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text + "\n")
-    partial.replace(path)
+    try:
+        partial.write_text(text + "\n")
+        partial.replace(path)  # a reader sees the old file or the whole new one
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a failed write (path is a folder, the disk is full) leaves nothing
+        raise
     return path
 
 
