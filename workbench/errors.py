@@ -53,9 +53,18 @@ class CheckpointError(WorkbenchError, RuntimeError):
     """No usable checkpoint exists where one is needed, or it does not match the run."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """Writing a checkpoint failed (a full disk, an I/O error, a permission): the partial checkpoint was
+    removed and the run ends ``failed``."""
+
+
 class NoSitesError(WorkbenchError, LookupError):
     """A run has no per-site records (recording was off, or it stopped before the first flush)."""
 
 
 class ExportError(WorkbenchError, RuntimeError):
     """A figure could not be exported: no browser for static images, or the browser failed to render it."""
+
+
+class UntrustedFileError(WorkbenchError, ValueError):
+    """A file would run code or is not what it claims; refused."""

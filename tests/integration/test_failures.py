@@ -140,3 +140,53 @@ def test_fp8_without_a_gpu_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match="fp8.*no GPU"):
         launch(tiny_config("fp8", precision="fp8"), tmp_path / "fp8")
     assert not (tmp_path / "fp8").exists()
+
+
+def _mount_tmpfs(where: Path, size_kib: int) -> bool:
+    """A small tmpfs at ``where`` (root only); False where mounting is not allowed."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+_NO_SPACE_HOOK = '''
+import errno, pathlib
+_write = pathlib.Path.write_bytes
+def _full(self, data):
+    if "step_000003" in str(self):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return _write(self, data)
+pathlib.Path.write_bytes = _full
+'''
+"""A ``sitecustomize`` for the ranks where no tmpfs can be mounted: the checkpoint of step 3 meets a full disk."""
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "injected"])
+def test_a_full_disk_during_a_checkpoint_ends_the_run_failed_with_every_step_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: str) -> None:
+    run_dir = tmp_path / "full"
+    checkpoints = run_dir / "checkpoints"
+    # step 0's checkpoint (~0.95 MB) fits in 1.4 MB, step 3's (~1.9 MB, with Adam's moments) does not
+    mounted = disk == "tmpfs" and _mount_tmpfs(checkpoints, 1400)
+    if disk == "tmpfs" and not mounted:
+        pytest.skip("mounting a tmpfs is not allowed here (not root); the injected full disk stands in")
+    if not mounted:
+        hook = tmp_path / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(_NO_SPACE_HOOK)
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
+    try:
+        with pytest.raises(LaunchError, match="writing the checkpoint failed on rank 0") as failure:
+            launch(tiny_config("full", **{"steps": 6, "checkpoint_every": 3, "flush_every": 10}), run_dir)
+        assert "No space left on device" in str(failure.value)
+        assert list(checkpoints.iterdir()) == [checkpoints / "step_000000"]  # no partial checkpoint, no .partial
+        run = open_run(run_dir)
+        assert run.status == "failed"
+        assert "No space left on device" in run.manifest["error"]["excerpt"]
+        # the steps before the checkpoint, though fewer than flush_every, were flushed before the run ended
+        assert run.steps_completed == 3
+        assert run.recorded_steps_completed == 3 and run.fingerprints().index.tolist() == [0, 1, 2]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(checkpoints)], check=True)

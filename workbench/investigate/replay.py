@@ -32,6 +32,7 @@ from workbench.store import layout
 from workbench.store.manifest import runner_manifest
 from workbench.store.reader import Run, open_run
 from workbench.store.writer import create_store, update_manifest
+from workbench.untrusted import check_checkpoint_folder
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
         raise ArgumentError(f"{original.name} has not completed step {step} (it wrote steps "
                           f"0..{original.steps_completed - 1}, status {original.status}); nothing to compare with")
     checkpoint = nearest_checkpoint(original, step)
+    if checkpoint is not None:  # a file that would run code, or a damaged one: refused before anything is made
+        layout.checkpoint_meta(original.paths.checkpoint(checkpoint))
+        check_checkpoint_folder(original.paths.checkpoint(checkpoint))
     from_step = checkpoint if checkpoint is not None else 0
     run_dir = Path(out) if out is not None else default_replay_dir(original, step)
     _check_replay_folder(run_dir, original, overwrite=overwrite)

@@ -1,4 +1,4 @@
-"""Checkpoints: the full training state before a step, saved per rank, loaded without code.
+"""Checkpoints: the full training state before a step, saved per rank, loaded without running code from them.
 
 ``checkpoints/step_<K>/`` holds the state after K updates:
 
@@ -11,14 +11,23 @@
     meta.json              step, layout, config hash; written last, after a barrier, so a
                            checkpoint without it is incomplete and never loaded
 
-Files hold only tensors, numbers, strings and containers, and are read with
-``torch.load(..., weights_only=True)``: loading a checkpoint never runs code from it.
+Files hold only tensors, numbers, strings and containers. A checkpoint may come from elsewhere
+(``--start-from`` another person's run), so every read goes through ``workbench.untrusted``, and
+loading one never runs code from it: torch files load with ``weights_only=True``; ``meta.json`` is
+JSON with typed fields; ``megatron/`` is checked before ``dist_checkpointing`` reads it (its
+``.metadata``, a pickle that torch's loader reads with plain ``pickle.load``, through an allow-list
+of classes; ``metadata.json`` as JSON; ``common.pt`` weights-only), and only tensors are asked of
+it, each stored as one: Megatron's ShardedObjects (the layers' ``_extra_state``, empty in the local
+spec) are stored as pickled bytes that torch unpickles in full, and are left out. A file that would
+run code is refused with ``UntrustedFileError`` naming it; a damaged one with ``CheckpointError``.
 The data position is the step itself (samples are a function of their index).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +35,15 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from workbench.errors import CheckpointError
+from workbench.errors import CheckpointError, CheckpointWriteError
 from workbench.recorder.targets import ParallelRanks
-from workbench.store.layout import MEGATRON_CHECKPOINT, RunPaths
+from workbench.store.layout import CHECKPOINT_META, MEGATRON_CHECKPOINT, RunPaths, checkpoint_meta
+from workbench.untrusted import (
+    check_megatron_checkpoint,
+    load_torch_file,
+    refusal_in,
+    refused,
+)
 
 
 def _model_file(directory: Path) -> Path:
@@ -74,12 +89,50 @@ def save_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
     dist_checkpointing.save(merged, str(target))
 
 
-def load_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
-    """Load ``directory/megatron`` into the model chunks, resharded by Megatron for this layout (collective)."""
-    from megatron.core import dist_checkpointing
+def _tensors_only(sharded: dict[str, Any]) -> dict[str, Any]:
+    """A sharded state dict without its ShardedObjects (stored as pickled bytes; here only the layers'
+    ``_extra_state``, which the local spec's layers leave empty and ignore)."""
+    from megatron.core.dist_checkpointing.dict_utils import extract_matching_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+    return extract_matching_values(sharded, lambda v: isinstance(v, ShardedObject))[1]  # type: ignore[return-value]
+
+
+def _tensor_keys(sharded: dict[str, Any] | list[Any]) -> set[str]:
+    """The checkpoint keys a load of ``sharded`` reads, its factories' tensors included."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    keys: set[str] = set()
+    for value in nested_values(sharded):
+        if isinstance(value, ShardedTensorFactory):
+            built = value.build()
+            keys |= _tensor_keys(built if isinstance(built, (dict, list)) else [built])
+        elif isinstance(value, ShardedTensor):
+            keys.add(value.key)
+    return keys
+
+
+def load_megatron(directory: Path, gpts: list[torch.nn.Module]) -> None:
+    """Load ``directory/megatron`` into the model chunks, resharded by Megatron for this layout (collective).
+
+    The folder is checked first (``untrusted.check_megatron_checkpoint``), and only the chunks' tensors are
+    asked for, each of which it must store as a tensor (``DcpIndex.require_tensors``)."""
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    target = directory / MEGATRON_CHECKPOINT
+    index = check_megatron_checkpoint(target)
     for gpt in gpts:
-        state = dist_checkpointing.load(_sharded_state(gpt), str(directory / MEGATRON_CHECKPOINT))
+        tensors = _tensors_only(_sharded_state(gpt))
+        index.require_tensors(_tensor_keys(tensors))
+        try:
+            state = dist_checkpointing.load(tensors, str(target))
+        except (Exception, CheckpointException) as err:  # noqa: B036 - DCP's error is no Exception
+            what = refusal_in(err)
+            if what is None:
+                raise
+            raise refused(target, f"holds a tensor that {what}") from None
         missing, unexpected = gpt.load_state_dict(state, strict=False)
         wanted = [k for k in missing if not k.endswith("_extra_state")]
         if wanted or unexpected:
@@ -94,12 +147,24 @@ def has_megatron(directory: Path) -> bool:
 def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], optimizer: dict[str, Any],
          scheduler: dict[str, Any], meta: dict[str, Any], megatron: list[torch.nn.Module] | None = None) -> Path:
     """Save the state before ``step`` (collective); with ``megatron`` (the model chunks) also in Megatron's
-    distributed format."""
+    distributed format. A write that fails on any rank (a full disk, an I/O error) removes the partial
+    checkpoint, so that its space comes back, and raises ``CheckpointWriteError`` on every rank."""
     directory = paths.checkpoint(step)
+    rank = dist.get_rank()
+    _agree(directory, _attempt(lambda: _write_state(directory, step, rank, params=params, optimizer=optimizer,
+                                                    scheduler=scheduler, megatron=megatron)))
+    # meta.json last, after every rank's files: a checkpoint without it is incomplete and never loaded
+    _agree(directory, _attempt(lambda: (directory / CHECKPOINT_META).write_text(json.dumps({"step": step, **meta},
+                                                                                      indent=1)))
+           if rank == 0 else None)
+    return directory
+
+
+def _write_state(directory: Path, step: int, rank: int, *, params: list[tuple[str, torch.Tensor]],
+                 optimizer: dict[str, Any], scheduler: dict[str, Any], megatron: list[torch.nn.Module] | None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if megatron is not None:
         save_megatron(directory, megatron)
-    rank = dist.get_rank()
     if _writes_model_file(directory):
         state = {
             "step": step,
@@ -110,16 +175,44 @@ def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], 
         }
         _atomic_save(state, _model_file(directory))
     _atomic_save({"rng": torch.get_rng_state()}, directory / f"rank{rank}.pt")
+
+
+def _attempt(write: Any) -> str | None:
+    """None when ``write()`` succeeds, else what went wrong in one line (OSError's text: 'No space left on
+    device'). Megatron's collective save raises ``CheckpointException`` (a BaseException) on every rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        write()
+    except (Exception, CheckpointException) as err:  # noqa: B036 - DCP's error is no Exception
+        text = f"{err.strerror} ({err.filename})" if isinstance(err, OSError) and err.strerror else f"{err}"
+        return f"{type(err).__name__}: {text}".splitlines()[0][:300]
+    return None
+
+
+def _agree(directory: Path, failure: str | None) -> None:
+    """Every rank learns whether any rank's writes failed (in place of a barrier); if one did, rank 0
+    removes the partial checkpoint and every rank raises ``CheckpointWriteError`` naming it."""
+    failures: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    failed = [(rank, text) for rank, text in enumerate(failures) if text is not None]
+    if not failed:
+        return
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
     dist.barrier()
-    if rank == 0:
-        (directory / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=1))
-    dist.barrier()
-    return directory
+    rank, text = failed[0]
+    raise CheckpointWriteError(f"{directory}: writing the checkpoint failed on rank {rank} ({text}); the partial "
+                               "checkpoint was removed")
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
+    """``obj`` into ``path`` whole or not at all. Serialised in memory first: torch's own file writer reports
+    a full disk as an unreadable 'enforce fail' RuntimeError, Python's write as ``OSError(ENOSPC)``."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     tmp = path.with_suffix(".partial")
-    torch.save(obj, tmp)
+    tmp.write_bytes(buffer.getbuffer())
     tmp.replace(path)
 
 
@@ -136,14 +229,31 @@ def read_meta(paths: RunPaths, step: int) -> dict[str, Any]:
 
 
 def read_meta_at(directory: Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / "meta.json").read_text())
+    """A checkpoint's ``meta.json``, its fields checked: ``CheckpointError`` naming the file and the field."""
+    return checkpoint_meta(Path(directory))
+
+
+_MODEL_FILE_KEYS = ("params", "shards", "optimizer", "scheduler")
+
+
+def _read_model_file(path: Path) -> dict[str, Any]:
+    state = load_torch_file(path)
+    lacking = [key for key in _MODEL_FILE_KEYS if not isinstance(state, dict) or key not in state]
+    if lacking:
+        raise CheckpointError(f"{path}: holds no {lacking[0]!r}, so it is not a model file of a workbench "
+                              "checkpoint; write the checkpoint again, or copy it again from its source")
+    return state  # type: ignore[no-any-return]
 
 
 def load(paths: RunPaths, step: int) -> dict[str, Any]:
     """This rank's model/optimizer state at ``step``; restores the rank's RNG state too."""
     directory = paths.checkpoint(step)
-    state = torch.load(_model_file(directory), weights_only=True)
-    rng = torch.load(directory / f"rank{dist.get_rank()}.pt", weights_only=True)
+    state = _read_model_file(_model_file(directory))
+    path = directory / f"rank{dist.get_rank()}.pt"
+    rng = load_torch_file(path)
+    if not isinstance(rng, dict) or not isinstance(rng.get("rng"), torch.Tensor):
+        raise CheckpointError(f"{path}: holds no RNG state, so it is not a rank file of a workbench checkpoint; "
+                              "write the checkpoint again, or copy it again from its source")
     torch.set_rng_state(rng["rng"])
     return state
 
@@ -175,7 +285,7 @@ def _merge(pieces: list[tuple[dict[str, torch.Tensor], dict[str, list[int] | Non
 
 def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every parameter of a checkpoint as its full, unsharded tensor (TP shards concatenated)."""
-    states = [torch.load(f, weights_only=True) for f in _checkpoint_files(Path(directory))]
+    states = [_read_model_file(f) for f in _checkpoint_files(Path(directory))]
     return _merge([(state["params"], state["shards"]) for state in states])
 
 
@@ -185,7 +295,7 @@ def load_full_state(directory: str | Path) -> dict[str, Any]:
     ``optimizer`` state of one file (its hyper-parameters and loss scaler)."""
     from workbench.runner.optimizer import adam_order
 
-    states = [torch.load(f, weights_only=True) for f in _checkpoint_files(Path(directory))]
+    states = [_read_model_file(f) for f in _checkpoint_files(Path(directory))]
     if any("masters" not in state["optimizer"] for state in states):
         raise CheckpointError(f"{directory}: written by Megatron's own optimizer (a GPU run); starting another "
                               "layout from it needs the CPU runner's optimizer state")

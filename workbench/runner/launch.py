@@ -9,7 +9,6 @@ Imports no torch: the launcher stays light and the workers do the training.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -92,10 +91,18 @@ def _stop(ranks: list[_Rank]) -> None:
             r.process.wait()
 
 
+RANK_ERROR = "workbench: error: "
+"""How a rank's log starts the line of an error the workbench raised on purpose (the worker prints it)."""
+
+
 def error_excerpt(log: Path, lines: int = 25) -> str:
-    """The end of a rank's log, from its last traceback if it has one."""
+    """The end of a rank's log: its error line if the workbench raised it on purpose, else from its last
+    traceback if it has one (torch prefixes a rank's lines with ``[rankR]:``)."""
     text = log.read_text(errors="replace").splitlines() if log.exists() else []
-    starts = [i for i, line in enumerate(text) if line.startswith("Traceback")]
+    said = [line for line in text if line.startswith(RANK_ERROR)]
+    if said:
+        return said[-1]
+    starts = [i for i, line in enumerate(text) if _TRACEBACK in line]
     tail = text[starts[-1]:] if starts else text[-lines:]
     return "\n".join(tail[-lines:])
 
@@ -159,7 +166,7 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
                     while time.monotonic() < deadline and any(r.process.poll() is None for r in ranks):
                         time.sleep(_POLL_S)
                 _stop(ranks)
-                crashed = [r for r in ranks if _TRACEBACK in _log_text(r.log)]
+                crashed = [r for r in ranks if _TRACEBACK in (text := _log_text(r.log)) or RANK_ERROR in text]
                 return _root_cause(crashed or failed)
             if all(code == 0 for code in codes):
                 progress.poll()
@@ -173,25 +180,30 @@ def _watch(ranks: list[_Rank], progress: _ProgressReader) -> _Rank | None:
 def start_checkpoint(source: str | os.PathLike[str], cfg: RunConfig) -> tuple[Path, dict[str, Any]]:
     """The checkpoint folder a run of ``cfg`` at another layout starts from, and the manifest record of it:
     ``source`` is a checkpoint folder (``RUN/checkpoints/step_K``) or a run folder (its latest checkpoint).
-    The source run must have trained the same model the same way (``numerics_hash`` without the layout)."""
+    The source run must have trained the same model the same way (``numerics_hash`` without the layout).
+    Every file in it that a rank would unpickle is checked here (``untrusted.check_checkpoint_folder``), so a
+    file that would run code is refused in one line before any rank starts."""
+    from workbench.untrusted import check_checkpoint_folder
+
     path = Path(source)
     if (path / "checkpoints").is_dir():
         steps = layout.RunPaths(path).checkpoint_steps()
         if not steps:
             raise CheckpointError(f"{path}: no complete checkpoint to start from")
         path = layout.RunPaths(path).checkpoint(steps[-1])
-    if not (path / "meta.json").is_file():
+    if not (path / layout.CHECKPOINT_META).is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint (a folder RUN/checkpoints/step_K with meta.json, "
                               "or a run folder)")
-    meta = json.loads((path / "meta.json").read_text())
+    meta = layout.checkpoint_meta(path)
     source_run = open_run(path.parent.parent)
     if source_run.config.numerics_hash(layout=False) != cfg.numerics_hash(layout=False):
         raise CheckpointError(f"{path}: written by {source_run.name} ({source_run.config.summary()}), which trains "
                               f"differently from {cfg.name} ({cfg.summary()}) beyond the layout; a run starts from "
                               "another layout's checkpoint only with the same model, data and optimizer")
-    step = int(meta["step"])
+    step = meta["step"]
     if step >= cfg.steps:
         raise CheckpointError(f"{path}: step {step} is not before the run's last step ({cfg.steps})")
+    check_checkpoint_folder(path)
     record = {"run": str(source_run.path), "run_id": source_run.run_id, "step": step, "layout": meta.get("layout"),
               "model_loaded_by": "megatron.core.dist_checkpointing"
               if (path / layout.MEGATRON_CHECKPOINT / "metadata.json").is_file() else "workbench (by name)"}
@@ -235,6 +247,11 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         if not paths.checkpoint_steps():
             raise CheckpointError(f"{paths.checkpoints}: no complete checkpoint to resume from "
                                   "(set checkpoint_every in the config)")
+        from workbench.untrusted import check_checkpoint_folder
+
+        latest = paths.checkpoint(paths.checkpoint_steps()[-1])
+        layout.checkpoint_meta(latest)
+        check_checkpoint_folder(latest)  # a file that would run code, or a damaged one: refused before any rank
         set_status(paths.run_dir, layout.Status.RUNNING,
                    launcher={"pid": os.getpid(), "host": socket.gethostname()})
     else:
@@ -255,11 +272,24 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
     failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
     if failed is not None:
         excerpt = error_excerpt(failed.log)
-        set_status(paths.run_dir, layout.Status.FAILED,
-                   error={"rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
-                          "excerpt": excerpt[-2000:]})
+        unrecorded = _record_status(paths, layout.Status.FAILED, error={
+            "rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
+            "excerpt": excerpt[-2000:]})
         raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
-                          f"all ranks stopped. Its log: {failed.log}\n{excerpt}")
+                          f"all ranks stopped.{unrecorded} Its log: {failed.log}\n{excerpt}")
     stopped = stop_after is not None and stop_after < cfg.steps
-    set_status(paths.run_dir, layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
+    unrecorded = _record_status(paths, layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
+    if unrecorded:
+        raise LaunchError(f"{cfg.name} trained every step.{unrecorded}")
     return paths.run_dir
+
+
+def _record_status(paths: layout.RunPaths, status: layout.Status, **fields: Any) -> str:
+    """Write the run's final status; if even that fails (the disk is full), a sentence on the state the
+    store is left in, else ''."""
+    try:
+        set_status(paths.run_dir, status, **fields)
+    except OSError as err:
+        return (f" The status {status!s} could not be written to {paths.store} ({err.strerror or err}): the store "
+                "reads 'interrupted', with every flushed step readable.")
+    return ""

@@ -21,6 +21,7 @@ import gc
 import itertools
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,8 +35,9 @@ import torch.distributed as dist
 from workbench import determinism
 from workbench.config import RunConfig
 from workbench.data import SyntheticCorpus, rank_held_out_microbatches, rank_microbatch_indices
-from workbench.errors import CheckpointError, UnsupportedError
+from workbench.errors import CheckpointError, CheckpointWriteError, UnsupportedError, WorkbenchError
 from workbench.runner import cpu_compat
+from workbench.runner.launch import RANK_ERROR
 from workbench.store import layout
 from workbench.store.manifest import parse_layout
 from workbench.store.reader import open_run
@@ -252,6 +254,14 @@ def _traced_step(trainer: Trainer, step: int, paths: layout.RunPaths, rank: int)
     return row
 
 
+def _last_flush(trainer: Trainer, writer: ScalarWriter | None) -> None:
+    """Every recorded step onto disk before a failing run ends (collective: every rank calls it)."""
+    if trainer.recorder is not None:
+        trainer.recorder.close()
+    if writer:
+        writer.close()
+
+
 def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int | None = None,
         start_from: Path | None = None) -> None:
     from megatron.core import parallel_state as ps
@@ -307,8 +317,17 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not (resume and step == start):
             if writer:
                 writer.flush()
-            checkpoint.save(paths, step, meta=meta, **trainer.state(),
-                            megatron=trainer.model.gpts if cfg.checkpoint_format.value == "megatron" else None)
+            try:
+                checkpoint.save(paths, step, meta=meta, **trainer.state(),
+                                megatron=trainer.model.gpts if cfg.checkpoint_format.value == "megatron" else None)
+            except CheckpointWriteError as err:  # raised on every rank, the partial checkpoint already removed
+                try:
+                    _last_flush(trainer, writer)
+                except Exception as flush_error:  # the disk is still full: say what is lost
+                    raise CheckpointWriteError(f"{err}; the last flush failed too ({type(flush_error).__name__}: "
+                                               f"{flush_error}), so the steps since the one before it are lost") \
+                        from None
+                raise
         if step == cfg.steps or (stop_after is not None and step >= stop_after):
             break
         _check_injected_failure(rank, step)
@@ -320,10 +339,7 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
             print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f}{val} "
                   f"grad_norm={row['grad_norm']:.3f} lr={row['lr']:.2e} step_time={row['step_time']:.3f}s",
                   flush=True)
-    if trainer.recorder is not None:
-        trainer.recorder.close()
-    if writer:
-        writer.close()
+    _last_flush(trainer, writer)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -336,8 +352,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace-step", type=int, default=None)
     parser.add_argument("--start-from", type=Path, default=None)
     args = parser.parse_args(argv)
-    run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step,
-        start_from=args.start_from)
+    try:
+        run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step,
+            start_from=args.start_from)
+    except WorkbenchError as err:  # said on purpose: one line for the launcher to show, no traceback
+        print(f"{RANK_ERROR}{err}", flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from workbench.errors import DamagedStoreError
+from workbench.untrusted import COUNT, JsonField, read_json_object
 
 SCHEMA_VERSION = 2
 """2: the manifest stands on its own (``workbench.store.manifest``: producer, model signature,
@@ -139,6 +140,16 @@ class Status(StrEnum):
 
 MEGATRON_CHECKPOINT = "megatron"
 """The subfolder of a checkpoint holding the model in Megatron's distributed-checkpoint format."""
+CHECKPOINT_META = "meta.json"
+"""A checkpoint's last file: its step, layout and config hash (a checkpoint without it is incomplete)."""
+_CHECKPOINT_META_FIELDS = {"step": COUNT, "layout": JsonField(dict, required=False),
+                           "config_hash": JsonField(str, required=False)}
+
+
+def checkpoint_meta(directory: Path) -> dict[str, Any]:
+    """A checkpoint's ``meta.json``, its fields checked: ``CheckpointError`` naming the file and the field
+    (read by the launcher, which imports no torch, and by the ranks)."""
+    return read_json_object(Path(directory) / CHECKPOINT_META, _CHECKPOINT_META_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ class RunPaths:
         if not self.checkpoints.is_dir():
             return []
         steps = [int(p.name.removeprefix("step_")) for p in self.checkpoints.glob("step_*")
-                 if (p / "meta.json").is_file()]
+                 if (p / CHECKPOINT_META).is_file()]
         return sorted(steps)
 
 
