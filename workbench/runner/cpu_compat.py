@@ -60,6 +60,23 @@ def _cpu_manual_seed(seed: int) -> None:
     torch.default_generator.manual_seed(seed)
 
 
+class _CpuStream:
+    """What ``torch.cuda.current_stream()`` answers on the CPU: work is done in program order, so waiting
+    on an event or a stream is nothing to do (megatron-core 0.19 ``param_and_grad_buffer.start_grad_sync``
+    waits on CUDA-graph events through it)."""
+
+    device = _CPU
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def install() -> None:
     """Map megatron-core's CUDA-only call sites to the CPU in this process (idempotent)."""
     global _installed
@@ -69,6 +86,7 @@ def install() -> None:
         raise RuntimeError("the CPU compatibility layer must not be installed where CUDA works")
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment, return-value]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.cuda.current_stream = lambda *a, **k: _CpuStream()  # type: ignore[assignment, return-value]
     torch.cuda.get_rng_state = _cpu_rng_state  # type: ignore[assignment]
     torch.cuda.set_rng_state = _set_cpu_rng_state  # type: ignore[assignment]
     torch.cuda.manual_seed = _cpu_manual_seed  # type: ignore[assignment]

@@ -266,10 +266,6 @@ def _steps(v: Any) -> bool:
     return isinstance(v, list) and all(_whole(0, _LARGEST_COUNT)(step) for step in v)
 
 
-def _names(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(n, str) for n in v)
-
-
 def _mapping(**fields: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """A mapping whose named fields, where present and not None, pass their checks."""
     return lambda v: isinstance(v, Mapping) and all(check(v[n]) for n, check in fields.items()
@@ -290,7 +286,7 @@ FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "git_revision": (lambda v: isinstance(v, str), "a string"),
     "host": (lambda v: isinstance(v, str), "a string"),
     "platform": (lambda v: isinstance(v, str), "a string"),
-    "kinds_missing": (_names, "a list of site kinds"),
+    "kinds_missing": (_mapping(), "a mapping of site kind to why it was never seen"),
     "versions": (_mapping(), "a mapping of package to version"),
     "runtime": (_mapping(), "a mapping"),
     "error": (_mapping(), "a mapping"),
