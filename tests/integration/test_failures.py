@@ -190,3 +190,20 @@ def test_a_full_disk_during_a_checkpoint_ends_the_run_failed_with_every_step_kep
     finally:
         if mounted:
             subprocess.run(["umount", str(checkpoints)], check=True)
+
+
+def test_a_full_disk_during_megatron_s_checkpoint_is_named_as_such(tmp_path: Path) -> None:
+    """Megatron's collective save wraps each rank's error in DCP's ``CheckpointException``: the message is
+    the rank's own (the disk is full), not the wrapper's."""
+    run_dir = tmp_path / "full"
+    checkpoints = run_dir / "checkpoints"
+    if not _mount_tmpfs(checkpoints, 64):  # smaller than Megatron's part of step 0's checkpoint
+        pytest.skip("mounting a tmpfs is not allowed here (not root)")
+    try:
+        with pytest.raises(LaunchError, match="writing the checkpoint failed on rank 0") as failure:
+            launch(tiny_config("full", **{"steps": 2, "checkpoint_format": "megatron"}), run_dir)
+        assert "No space left on device" in str(failure.value), str(failure.value)
+        assert list(checkpoints.iterdir()) == []
+        assert open_run(run_dir).status == "failed"
+    finally:
+        subprocess.run(["umount", str(checkpoints)], check=True)

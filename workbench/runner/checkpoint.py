@@ -152,10 +152,10 @@ def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], 
     directory = paths.checkpoint(step)
     rank = dist.get_rank()
     _agree(directory, _attempt(lambda: _write_state(directory, step, rank, params=params, optimizer=optimizer,
-                                                    scheduler=scheduler, megatron=megatron)))
+                                                    scheduler=scheduler, megatron=megatron), directory))
     # meta.json last, after every rank's files: a checkpoint without it is incomplete and never loaded
     _agree(directory, _attempt(lambda: (directory / CHECKPOINT_META).write_text(json.dumps({"step": step, **meta},
-                                                                                      indent=1)))
+                                                                                      indent=1)), directory)
            if rank == 0 else None)
     return directory
 
@@ -177,16 +177,31 @@ def _write_state(directory: Path, step: int, rank: int, *, params: list[tuple[st
     _atomic_save({"rng": torch.get_rng_state()}, directory / f"rank{rank}.pt")
 
 
-def _attempt(write: Any) -> str | None:
+def _free_bytes(directory: Path) -> int | None:
+    """Free space on the file system of ``directory`` (or of its nearest existing parent)."""
+    for folder in (directory, *directory.parents):
+        if folder.is_dir():
+            return shutil.disk_usage(folder).free
+    return None
+
+
+def _attempt(write: Any, directory: Path) -> str | None:
     """None when ``write()`` succeeds, else what went wrong in one line (OSError's text: 'No space left on
     device'). Megatron's collective save raises ``CheckpointException`` (a BaseException) on every rank."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         write()
-    except (Exception, CheckpointException) as err:  # noqa: B036 - DCP's error is no Exception
+    except (Exception, CheckpointException) as caught:  # noqa: B036 - DCP's error is no Exception
+        err: BaseException = caught
+        if isinstance(caught, CheckpointException) and caught.failures:  # a rank's own error, not DCP's wrap
+            inner = next(iter(caught.failures.values()))
+            err = inner[0] if isinstance(inner, tuple) else inner
         text = f"{err.strerror} ({err.filename})" if isinstance(err, OSError) and err.strerror else f"{err}"
-        return f"{type(err).__name__}: {text}".splitlines()[0][:300]
+        text = f"{type(err).__name__}: {text}".splitlines()[0][:300]
+        if not isinstance(err, OSError) and (free := _free_bytes(directory)) is not None and free < 2**20:
+            text += f"; No space left on device ({free // 1024} KiB free)"  # torch's writers hide ENOSPC
+        return text
     return None
 
 
