@@ -1,37 +1,79 @@
 # Two entry points for a fresh machine (both idempotent):
-#   make demo   set up .venv and run the demo study on CPU (run stores under data/runs/demo)
-#   make test   set up .venv and run the whole test suite
-PYTHON ?= python3.11
-VENV := .venv
-BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+#   make demo   set up .venv-current and run the demo study on CPU (run stores under data/runs/demo)
+#   make test   set up both environments and run the whole suite in one, the training tests in the other
+#
+# Two environments, each pinned exactly by its constraints file (the library itself declares ranges):
+#   .venv-current  Python 3.12, torch 2.13.0 (the registry's CUDA build; runs on the CPU), megatron-core 0.19.2:
+#                  what Megatron Core users train with, so the demo and the whole suite run here; megatron-core
+#                  0.17 and 0.18 are tested here too, as overlays (MEGATRON_OVERLAYS) over the same venv
+#   .venv          Python 3.11, the torch 2.13.0 CPU wheel, megatron-core 0.16.1: the supported floor
+# Each interpreter is found on PATH or under pyenv; point make at another with
+#   make test CURRENT_PYTHON=/path/to/python3.12 FLOOR_PYTHON=/path/to/python3.11
+find_python = $(firstword $(foreach p,python$(1) $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) \
+  $(wildcard /usr/local/bin/python$(1) /usr/bin/python$(1)),$(shell $(p) -c 'import sys; assert sys.version_info[:2] == ($(subst .,$(comma),$(1)))' 2>/dev/null && echo $(p))))
+comma := ,
+ifndef CURRENT_PYTHON
+CURRENT_PYTHON := $(call find_python,3.12)
+endif
+ifndef FLOOR_PYTHON
+FLOOR_PYTHON := $(call find_python,3.11)
+endif
+CURRENT := .venv-current
+FLOOR := .venv
+EXTRAS := train,notebooks,test
+MEGATRON_OVERLAYS := 0.17.1 0.18.2
+# What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, and the recorder's API.
+RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_core_imported \
+  tests/unit/test_cpu_compat.py tests/integration/test_user_loop.py tests/integration/test_recorder_api.py
+PYTEST := python -m pytest -q -p no:cacheprovider
 
-.PHONY: setup demo test lint bench clean chromium
+.PHONY: setup demo test test-current test-floor test-range lint bench clean chromium
 
-setup: $(STAMP) chromium
+setup: $(CURRENT)/.installed $(FLOOR)/.installed $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v)) chromium
 
-$(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or pass PYTHON=...)"; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[train,notebooks,test]"
-	touch $(STAMP)
+# $(1): venv folder, $(2): interpreter, $(3): what it is, $(4): constraints file
+define make_venv
+	@test -n "$(2)" || { echo "make: no Python $(3) found on PATH or under pyenv; pass $(if $(filter $(FLOOR),$(1)),FLOOR_PYTHON,CURRENT_PYTHON)=/path/to/python$(3)"; exit 1; }
+	test -x $(1)/bin/python || $(2) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet -c $(4) -e ".[$(EXTRAS)]"
+	touch $(1)/.installed
+endef
 
-demo: $(STAMP) chromium
-	$(BIN)/workbench demo --out data/runs/demo
+$(CURRENT)/.installed: pyproject.toml constraints/current.txt
+	$(call make_venv,$(CURRENT),$(CURRENT_PYTHON),3.12,constraints/current.txt)
 
-test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q --durations=10
+$(FLOOR)/.installed: pyproject.toml constraints/floor.txt
+	$(call make_venv,$(FLOOR),$(FLOOR_PYTHON),3.11,constraints/floor.txt)
 
-lint: $(STAMP)
-	$(BIN)/ruff check workbench tests benchmarks data
-	$(BIN)/mypy workbench
+# megatron-core alone, for PYTHONPATH over .venv-current (its torch and everything else stay).
+$(CURRENT)/megatron-%: $(CURRENT)/.installed
+	$(CURRENT)/bin/python -m pip install --quiet --no-deps --target $@ "megatron-core==$*"
 
-bench: $(STAMP)
-	$(BIN)/python benchmarks/step_time.py
+demo: $(CURRENT)/.installed chromium
+	$(CURRENT)/bin/workbench demo --out data/runs/demo
+
+test: test-current test-floor test-range
+
+test-current: $(CURRENT)/.installed chromium
+	$(CURRENT)/bin/$(PYTEST) --durations=10
+
+test-floor: $(FLOOR)/.installed
+	$(FLOOR)/bin/$(PYTEST) -m training --durations=5
+
+test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))
+	@for v in $(MEGATRON_OVERLAYS); do echo "megatron-core $$v over $(CURRENT):"; \
+	  PYTHONPATH=$(CURDIR)/$(CURRENT)/megatron-$$v WORKBENCH_OVERLAY=$$v $(CURRENT)/bin/$(PYTEST) $(RANGE_TESTS) || exit 1; done
+
+lint: $(FLOOR)/.installed
+	$(FLOOR)/bin/ruff check workbench tests benchmarks data
+	$(FLOOR)/bin/mypy workbench
+
+bench: $(CURRENT)/.installed
+	$(CURRENT)/bin/python benchmarks/step_time.py
 
 clean:
-	rm -rf $(VENV) data/runs
+	rm -rf $(CURRENT) $(FLOOR) data/runs
 
 # PNG/SVG/PDF figure export (kaleido) and the JupyterLab browser test need Chrome/Chromium;
 # HTML export and everything else do not. Installs Debian's chromium when none is found and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,26 @@ import pytest
 from workbench.config import RunConfig
 from workbench.store.manifest import runner_manifest
 from workbench.store.writer import ScalarWriter, create_store, set_status
+
+TESTS = Path(__file__).parent
+TRAINS = re.compile(r"^\s*(import|from) (torch|megatron)\b|importorskip\([\"'](torch|megatron)|workbench\.runner|"
+                    r"\blaunch\(|train_user_loop|\buser_runs\b", re.MULTILINE)
+"""What makes a test module a ``training`` one: it imports torch or Megatron Core, or trains."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``training`` every test that imports torch or megatron or trains a run: ``make test`` runs the whole
+    suite in one environment and ``-m training`` in the other. The notebook and browser tests are not marked:
+    they train the mini demo only to have runs to show."""
+    verdicts: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if path not in verdicts:
+            part = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+            verdicts[path] = part == "integration" or (
+                part in ("unit", "property") and TRAINS.search(path.read_text()) is not None)
+        if verdicts[path]:
+            item.add_marker(pytest.mark.training)
 
 
 def write_synthetic_run(run_dir: Path, *, steps: int = 12, written: int | None = None, name: str = "synthetic",

@@ -138,8 +138,10 @@ class ProgressPrinter:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from workbench.runner.launch import launch
+    from workbench.versions import check_megatron_core
 
     cfg = load_run_config(args.config)
+    check_megatron_core()  # before the first line of progress
     run_dir = args.out / cfg.name
     printer = ProgressPrinter()
     start = time.monotonic()

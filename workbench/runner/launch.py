@@ -28,6 +28,7 @@ from workbench.store import layout
 from workbench.store.manifest import runner_manifest
 from workbench.store.reader import open_run
 from workbench.store.writer import create_store, set_status, update_manifest
+from workbench.versions import check_megatron_core
 
 ProgressFn = Callable[[str], None]
 _POLL_S = 0.2
@@ -220,6 +221,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
     ``start_from``: a checkpoint of a run of the same config at another layout (``start_checkpoint``): the
     run starts at its step, from its state resharded to this layout (the CPU runner's checkpoints only).
     """
+    check_megatron_core()  # a release outside the tested range: one line before anything is written
     paths = layout.RunPaths(Path(run_dir))
     if start_from is not None and resume:
         raise LaunchError("--resume continues this run's own checkpoints; --start-from starts from another "
