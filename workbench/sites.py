@@ -15,6 +15,23 @@ adds ``decoder.``; both are removed. Megatron numbers a rank's experts locally
 (``experts.local_experts.K``); the name carries the global index, ``experts.E``, with
 E = the rank's first expert + K. Imports nothing from torch.
 
+A HybridModel (megatron-core 0.18+) gives each symbol of its ``hybrid_layer_pattern`` a Megatron
+layer of its own: with ``"*-*-"`` (``*`` attention, ``-`` MLP) ``decoder.layers.0`` is attention, ``1``
+MLP, ``2`` attention, ``3`` MLP, and ``config.num_layers`` is 4. Where the pattern, pipeline
+separators ``|`` removed, is ``"*-"`` repeated, its names take the GPTModel spelling
+(``hybrid_name``): Megatron layers 2n and 2n+1 are block n,
+
+    decoder.layers.2n.input_layernorm / .self_attention...   -> layers.n.input_layernorm / .self_attention...
+    decoder.layers.2n+1.pre_mlp_layernorm / .mlp...          -> layers.n.pre_mlp_layernorm / .mlp...
+    decoder.layers.2n+1   (the MLP layer's output)           -> layers.n   (a GPT layer's output)
+    decoder.layers.2n     (the attention layer's output)     -> layers.n.attention_residual
+    decoder.final_norm                                       -> final_layernorm
+
+so a HybridModel and a GPTModel of the same blocks share every name but
+``layers.n.attention_residual`` (the residual stream between attention and MLP, which a GPT layer
+computes without a module of its own). Any other pattern keeps Megatron's numbering, ``layers.i``
+for the i-th symbol; ``final_norm`` is ``final_layernorm`` in every pattern.
+
 A recorded *site* is a kind and a name, ``"kind:name"``: ``param:layers.0.mlp.linear_fc1.weight``,
 ``act:layers.0.mlp``, ``grad:output_layer.weight``. ``SITE_KINDS`` lists the kinds in the order
 they happen within a step, which is the first key of a site's execution order.
@@ -95,6 +112,28 @@ def canonical_name(local_name: str, global_layer: Mapping[int, int], first_exper
     if name.startswith("decoder."):
         return name[len("decoder."):]
     return name
+
+
+def gpt_blocks(layer_pattern: str | None) -> int | None:
+    """The number of GPT blocks of a HybridModel's ``hybrid_layer_pattern`` when it is ``"*-"`` repeated
+    (pipeline separators ``|`` aside; MTP depths after ``/`` are not decoder layers), else None."""
+    main = (layer_pattern or "").split("/")[0].replace("|", "")
+    blocks = len(main) // 2
+    return blocks if blocks and main == "*-" * blocks else None
+
+
+def hybrid_name(name: str, layer_pattern: str | None) -> str:
+    """The site name of a HybridModel's canonical ``name`` (Megatron's global layer numbering), by the rule
+    in the module docstring."""
+    if name == "final_norm" or name.startswith("final_norm."):
+        name = "final_layernorm" + name[len("final_norm"):]
+    match = _GLOBAL_LAYER.match(name)
+    if match is None or gpt_blocks(layer_pattern) is None:
+        return name
+    layer, rest = int(match.group(1)), name[match.end():]
+    if layer % 2 == 0 and not rest:
+        rest = ".attention_residual"
+    return f"layers.{layer // 2}{rest}"
 
 
 def expert_of(name: str) -> int | None:

@@ -8,6 +8,11 @@ lines the test finds here in order) and, on a machine without a GPU, ``cpu_compa
 
     python -m torch.distributed.run --nproc-per-node 2 tests/integration/user_loop.py RUN_DIR --tp 2
 
+``--model hybrid`` trains megatron-core's ``HybridModel`` instead (0.18+), pattern ``"*-*-"`` of
+``workbench.recorder.hybrid_local_spec()``: the same two blocks as the GPTModel, as four Megatron
+layers (attention, MLP, attention, MLP), with ``is_hybrid_model`` (whose output-layer init is then
+GPTModel's for the same blocks, so the two models start equal).
+
 ``--flip STEP:MODULE`` flips the top mantissa bit of one element of MODULE's output at STEP
 (the test's own forward hook; the lowest bit could vanish in the residual add, depending on
 the values, which depend on the CPU); ``--raise-at STEP`` makes the loop fail there.
@@ -37,6 +42,7 @@ SEQ, VOCAB, MICRO_BATCH, MICRO_BATCHES = 16, 128, 2, 2
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir")
+    parser.add_argument("--model", choices=("gpt", "hybrid"), default="gpt")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
@@ -71,16 +77,28 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
 
+    hybrid = args.model == "hybrid"
     config = TransformerConfig(
-        num_layers=2, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
-        pipeline_dtype=torch.float32, tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        num_layers=4 if hybrid else 2, is_hybrid_model=hybrid, hidden_size=32, num_attention_heads=4,
+        use_cpu_initialization=True, pipeline_dtype=torch.float32, tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
         hidden_dropout=0.0, attention_dropout=0.0, gradient_accumulation_fusion=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         deterministic_mode=True)
-    gpt = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                   max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
-                   post_process=parallel_state.is_pipeline_last_stage())
-    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=gpt)
+    stages = {"pre_process": parallel_state.is_pipeline_first_stage(),
+              "post_process": parallel_state.is_pipeline_last_stage()}
+    if hybrid:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+        from workbench.recorder import hybrid_local_spec
+
+        lm = HybridModel(config=config, hybrid_stack_spec=hybrid_local_spec(), vocab_size=VOCAB,
+                         max_sequence_length=SEQ, hybrid_layer_pattern="*-*-",
+                         position_embedding_type="learned_absolute", **stages)
+    else:
+        lm = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                      max_sequence_length=SEQ, **stages)
+    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=lm)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     forward_backward_func = get_forward_backward_func()
     position_ids = torch.arange(SEQ)[None].expand(MICRO_BATCH, SEQ)
@@ -100,7 +118,7 @@ def main() -> None:
             tensor = tensor + (flipped - tensor.detach())  # the flipped value, the gradient unchanged
             return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
 
-        dict(gpt.named_modules())[flip_module].register_forward_hook(flip)
+        dict(lm.named_modules())[flip_module].register_forward_hook(flip)
 
     def forward_step(data_iterator, model):  # type: ignore[no-untyped-def]
         tokens = next(data_iterator)

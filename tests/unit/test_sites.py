@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.sites import canonical_name, layer_of, strip_wrappers
+from workbench.sites import canonical_name, gpt_blocks, hybrid_name, layer_of, strip_wrappers
 
 
 def test_wrappers_and_decoder_are_removed() -> None:
@@ -24,3 +24,23 @@ def test_local_layers_get_global_numbers() -> None:
 def test_unknown_local_layer_is_an_error() -> None:
     with pytest.raises(KeyError, match="local layer 5"):
         canonical_name("decoder.layers.5.mlp.linear_fc1.weight", {0: 0})
+
+
+def test_a_hybrid_model_of_attention_mlp_pairs_takes_the_gpt_spelling() -> None:
+    # "*-*-": Megatron layers 0 and 1 are block 0, 2 and 3 block 1
+    assert gpt_blocks("*-*-") == 2 and gpt_blocks("*-|*-") == 2 and gpt_blocks("*-*-/*-") == 2
+    qkv = "self_attention.linear_qkv.weight"
+    assert hybrid_name(f"layers.2.{qkv}", "*-*-") == f"layers.1.{qkv}"
+    assert hybrid_name("layers.3.pre_mlp_layernorm", "*-*-") == "layers.1.pre_mlp_layernorm"
+    assert hybrid_name("layers.3", "*-*-") == "layers.1"
+    assert hybrid_name("layers.2", "*-*-") == "layers.1.attention_residual"
+    assert hybrid_name("final_norm.weight", "*-*-") == "final_layernorm.weight"
+    assert hybrid_name("output_layer.weight", "*-*-") == "output_layer.weight"
+
+
+def test_any_other_hybrid_pattern_keeps_megatron_numbering() -> None:
+    for pattern in ("**--", "*-*", "M-*-", "", None):
+        assert gpt_blocks(pattern) is None
+        assert hybrid_name("layers.3.mlp", pattern) == "layers.3.mlp"
+        assert hybrid_name("layers.2", pattern) == "layers.2"
+    assert hybrid_name("final_norm", "M-*-") == "final_layernorm"

@@ -28,8 +28,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.recorder.placement import Placement, activation_placement
-from workbench.recorder.targets import first_expert, global_layers, unwrap
-from workbench.sites import canonical_name
+from workbench.recorder.targets import site_names, unwrap
 
 Record = Callable[[str, str, torch.Tensor, Placement], None]
 
@@ -48,11 +47,11 @@ def moe_layers(chunks: list[torch.nn.Module]) -> list[MoELayerSites]:
     found = []
     for chunk in chunks:
         model = unwrap(chunk)
-        layers, first = global_layers(model), first_expert(model)
+        name = site_names(model)
         for local_name, module in model.named_modules():
             if local_name and all(hasattr(module, a) for a in ("router", "experts", "token_dispatcher",
                                                                "local_expert_indices")):
-                found.append(MoELayerSites(canonical_name(local_name, layers, first), module,
+                found.append(MoELayerSites(name(local_name), module,
                                            int(module.local_expert_indices[0])))
     return found
 

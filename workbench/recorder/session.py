@@ -43,7 +43,7 @@ from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
 from workbench.recorder.recorder import Recorder
 from workbench.recorder.targets import all_gather_objects, unwrap
-from workbench.sites import SiteFilter
+from workbench.sites import SiteFilter, gpt_blocks
 from workbench.store import layout
 from workbench.store.manifest import (
     USER_LOOP,
@@ -55,6 +55,7 @@ from workbench.store.manifest import (
     store_attributes,
 )
 from workbench.store.writer import ScalarWriter, create_store, set_status, update_manifest
+from workbench.versions import check_megatron_core
 
 LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped", "val_loss")
 """What ``TrainingRun.log`` takes; ``tokens`` (this step's, all ranks together) gives tokens/s;
@@ -116,11 +117,17 @@ def _signature(model: Any, config: Any, parameters: int) -> ModelSignature:
                                         ("max_sequence_length", getattr(model, "max_sequence_length", None)))
                if value is None]
     if missing or config is None:
-        raise ArgumentError(f"record() needs Megatron Core GPTModel chunks: the model has no "
+        raise ArgumentError(f"record() needs Megatron Core GPTModel or HybridModel chunks: the model has no "
                             f"{', '.join(missing) or 'config'}")
-    return ModelSignature(num_layers=config.num_layers, hidden_size=config.hidden_size,
+    # a HybridModel named in the GPT spelling counts GPT blocks, as its names do (workbench.sites)
+    blocks = gpt_blocks(getattr(model, "hybrid_layer_pattern", None))
+    return ModelSignature(num_layers=blocks or config.num_layers, hidden_size=config.hidden_size,
                           num_attention_heads=config.num_attention_heads, vocab_size=int(model.vocab_size),
-                          seq_length=int(model.max_sequence_length), parameters=parameters)
+                          seq_length=int(model.max_sequence_length), parameters=parameters,
+                          # a MoE model says so: it must never pair with a dense one of the same shape
+                          num_experts=getattr(config, "num_moe_experts", None) or None,
+                          moe_topk=(getattr(config, "moe_router_topk", None) or None)
+                          if getattr(config, "num_moe_experts", None) else None)
 
 
 def _user_config_hash(user_config: Mapping[str, Any] | None) -> str | None:
@@ -138,6 +145,7 @@ class TrainingRun:
                  user_config: Mapping[str, Any] | None = None, seed: int | None = None,
                  deterministic: bool | None = None, record: RecordConfig | None = None,
                  sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0) -> None:
+        check_megatron_core()
         if not isinstance(steps, int) or steps < 1:
             raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
         if not chunks:

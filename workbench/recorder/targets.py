@@ -7,6 +7,7 @@ Everything here maps a rank's local objects to canonical, layout-independent nam
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,14 +15,15 @@ import torch
 import torch.distributed as dist
 
 from workbench.recorder.placement import Placement, parameter_placement
-from workbench.sites import canonical_name
+from workbench.sites import canonical_name, hybrid_name
 
 ACTIVATION_MODULES = re.compile(
-    r"^(embedding|layers\.\d+|layers\.\d+\.(self_attention|mlp|input_layernorm|pre_mlp_layernorm)"
-    r"|final_layernorm|output_layer)$")
+    r"^(embedding|layers\.\d+|layers\.\d+\.(self_attention|mlp|input_layernorm|pre_mlp_layernorm"
+    r"|attention_residual)|final_layernorm|output_layer)$")
 """Modules whose outputs (and output gradients) are recorded: the embedding, every transformer
-layer with its attention block, MLP and norms, the final norm and the output layer. A MoE
-layer's router and experts have sites of their own (``workbench.recorder.moe``)."""
+layer with its attention block, MLP and norms, the final norm and the output layer (a HybridModel's
+layers by ``workbench.sites.hybrid_name``). A MoE layer's router and experts have sites of their
+own (``workbench.recorder.moe``)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,21 @@ def global_layers(model: torch.nn.Module) -> dict[int, int]:
     return {i: int(layer.layer_number) - 1 for i, layer in enumerate(layers)}
 
 
+def hybrid_pattern(model: torch.nn.Module) -> str | None:
+    """A HybridModel's ``hybrid_layer_pattern`` (megatron-core 0.18+), None for any other model."""
+    pattern = getattr(model, "hybrid_layer_pattern", None)
+    return pattern if isinstance(pattern, str) else None
+
+
+def site_names(model: torch.nn.Module) -> Callable[[str], str]:
+    """The canonical name of each of ``model``'s parameters and modules, by its local name
+    (``workbench.sites``; a HybridModel's by ``hybrid_name``)."""
+    layers, first, pattern = global_layers(model), first_expert(model), hybrid_pattern(model)
+    if pattern is None:
+        return lambda local_name: canonical_name(local_name, layers, first)
+    return lambda local_name: hybrid_name(canonical_name(local_name, layers, first), pattern)
+
+
 def first_expert(model: torch.nn.Module) -> int:
     """The global index of this rank's first local expert (Megatron's ``MoELayer.local_expert_indices``), 0 when
     the model has no experts. Every MoE layer of a rank holds the same expert indices."""
@@ -107,23 +124,29 @@ def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> li
     targets = []
     for chunk in chunks:
         model = unwrap(chunk)
-        layers, first = global_layers(model), first_expert(model)
+        name = site_names(model)
         for local_name, param in model.named_parameters():
             tp_rank, tp_size = ranks.tensor_parallel(param)
             dp_rank = ranks.expert_dp_rank if is_expert_parameter(param) else ranks.dp_rank
             placement = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=dp_rank)
-            targets.append(ParameterTarget(canonical_name(local_name, layers, first), param, placement))
+            targets.append(ParameterTarget(name(local_name), param, placement))
     return targets
 
 
 def activation_modules(chunks: list[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
-    """(canonical name, module) of every module whose output is an ``act`` site."""
+    """(canonical name, module) of every module whose output is an ``act`` site. A HybridModel's attention
+    layer holds an ``IdentityOp`` MLP and its MLP layer an ``IdentityOp`` attention: those compute nothing
+    and have no site."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
     found = []
     for chunk in chunks:
         model = unwrap(chunk)
-        layers, first = global_layers(model), first_expert(model)
+        names, hybrid = site_names(model), hybrid_pattern(model) is not None
         for local_name, module in model.named_modules():
-            name = canonical_name(local_name, layers, first) if local_name else ""
+            name = names(local_name) if local_name else ""
+            if hybrid and isinstance(module, IdentityOp):
+                continue
             if name and ACTIVATION_MODULES.match(name):
                 found.append((name, module))
     return found

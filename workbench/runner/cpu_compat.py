@@ -103,8 +103,22 @@ def install() -> None:
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
+    _hybrid_final_norm()
+
     _installed = _CudaToCpuMode()
     _installed.__enter__()
+
+
+def _hybrid_final_norm() -> None:
+    """HybridStack (megatron-core 0.18+) builds its final norm with ``TENorm`` whatever its spec says, which
+    raises without Transformer Engine: it gets Megatron's torch norm, the local GPT spec's norm here."""
+    try:
+        from megatron.core.models.hybrid import hybrid_block
+    except ImportError:  # 0.16 and 0.17 have no HybridStack
+        return
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    hybrid_block.TENorm = WrappedTorchNorm  # type: ignore[misc, assignment]
 
 
 def install_if_needed() -> bool:
