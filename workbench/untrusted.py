@@ -6,7 +6,7 @@ through this module:
 
     load_torch_file(path)              torch.load(weights_only=True); a refusal names the class asked for
     check_dcp_metadata(folder)         a distributed checkpoint's ``.metadata`` through an allow-list
-    check_megatron_checkpoint(folder)  the same, and Megatron's ``metadata.json`` and ``common.pt``
+    check_megatron_checkpoint(folder)  the same, and Megatron's ``metadata.json`` and common state
     check_checkpoint_folder(folder)    every file under a folder that some loader would unpickle
     read_json_object(path, fields)     a JSON object whose fields have the types asked for
 
@@ -31,6 +31,7 @@ import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -262,7 +263,7 @@ holds data: building one runs no code beyond its own constructor."""
 
 _SHARDED_OBJECT_KEY = re.compile(r".+/shard_\d+(\.\d+)*_\d+(\.\d+)*")
 """The key of a Megatron ShardedObject (``ShardedObject.unique_key``): the only entries Megatron stores as
-bytes, and ones the workbench never loads."""
+bytes, and ones the workbench never loads (but ``_COMMON_STATE``, weights-only)."""
 
 
 def _is_dtype(module: str, name: str) -> bool:
@@ -296,6 +297,8 @@ class DcpIndex:
     """Keys stored as tensors, which ``torch.distributed.checkpoint`` reads with weights-only loads."""
     objects: frozenset[str]
     """Keys stored as pickled bytes, which it loads with ``torch.load(weights_only=False)``."""
+    storage: Mapping[str, Any] = dataclass_field(default_factory=dict, compare=False)
+    """Where each key of ``objects`` lies: its ``_StorageInfo`` (file, offset, length, transforms)."""
 
     def require_tensors(self, keys: Iterable[str]) -> None:
         """Refuse a load of ``keys`` that would read one as bytes, or that needs a key the checkpoint lacks."""
@@ -354,8 +357,44 @@ def check_dcp_metadata(directory: str | Path) -> DcpIndex:
             raise refuse(f"its storage index holds {type(info).__name__}")
         if Path(name).name != name or name in ("", ".", ".."):
             raise refuse(f"it places an entry in {_short(name)}, outside its folder")
+    objects = frozenset(k for k, e in entries.items() if isinstance(e, BytesStorageMetadata))
     return DcpIndex(path=path, tensors=frozenset(k for k, e in entries.items() if isinstance(e, TensorStorageMetadata)),
-                    objects=frozenset(k for k, e in entries.items() if isinstance(e, BytesStorageMetadata)))
+                    objects=objects, storage={i.fqn: s for i, s in storage.items() if i.fqn in objects})
+
+
+_COMMON_STATE = "common_state/shard_0_1"
+"""The ShardedObject in which megatron-core 0.19+ saves the checkpoint's common state instead of ``common.pt``;
+its load reads it through ``torch.distributed.checkpoint``, that is with ``torch.load(weights_only=False)``."""
+
+
+def _load_dcp_bytes(index: DcpIndex, key: str) -> Any:
+    """The entry ``key`` that ``index`` stores as bytes, read from its file and loaded weights-only."""
+    import torch
+
+    info: Any = index.storage.get(key)
+    offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+    if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0):
+        raise CheckpointError(f"{index.path}: gives no place for {key!r}; {_DAMAGED}")
+    if getattr(info, "transform_descriptors", None):  # compressed or otherwise encoded: not what Megatron writes
+        raise CheckpointError(f"{index.path}: stores {key!r} transformed; the workbench reads only plain entries")
+    path = index.path.parent / info.relative_path
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            raw = f.read(length)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing, so the checkpoint is incomplete; {_DAMAGED}") from None
+    if len(raw) != length:
+        raise CheckpointError(f"{path}: truncated (it ends inside {key!r}); {_DAMAGED}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's warnings advise the weights-only switch
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise refused(f"{path} ({key!r})", refusal_in(err) or "is not a plain file of tensors") from None
+    except Exception as err:
+        raise CheckpointError(f"{path}: {key!r} is truncated or corrupt ({_first_sentence(err)}); "
+                              f"{_DAMAGED}") from None
 
 
 _MEGATRON_CONFIG = {"sharded_backend": JsonField(str), "sharded_backend_version": JsonField(int, required=False),
@@ -366,9 +405,9 @@ _MEGATRON_CONFIG = {"sharded_backend": JsonField(str), "sharded_backend_version"
 
 def check_megatron_checkpoint(directory: str | Path) -> DcpIndex:
     """Check a Megatron Core distributed checkpoint (torch_dist) before ``dist_checkpointing.load`` reads it:
-    ``metadata.json`` as JSON naming the torch_dist format, ``common.pt`` weights-only (Megatron loads it
-    without saying ``weights_only``), ``.metadata`` through ``check_dcp_metadata``, and bytes only for Megatron's
-    ShardedObjects."""
+    ``metadata.json`` as JSON naming the torch_dist format, ``.metadata`` through ``check_dcp_metadata``, bytes
+    only for Megatron's ShardedObjects, and the common state weights-only (Megatron loads it without saying
+    ``weights_only``): ``common.pt`` (megatron-core up to 0.18), else the ``common_state`` entry (0.19+)."""
     directory = Path(directory)
     config = read_json_object(directory / "metadata.json", _MEGATRON_CONFIG, others=False)
     backend = (config["sharded_backend"], config.get("sharded_backend_version", 1),
@@ -376,16 +415,22 @@ def check_megatron_checkpoint(directory: str | Path) -> DcpIndex:
     if backend != ("torch_dist", 1, "torch", 1):
         raise CheckpointError(f"{directory / 'metadata.json'}: a Megatron checkpoint in the format {backend}; "
                               "the workbench reads only ('torch_dist', 1, 'torch', 1), the format it writes")
-    common = load_torch_file(directory / "common.pt")
-    if not isinstance(common, dict):
-        raise CheckpointError(f"{directory / 'common.pt'}: holds {type(common).__name__} where Megatron keeps a "
-                              f"dict; {_DAMAGED}")
     index = check_dcp_metadata(directory)
     stray = sorted(k for k in index.objects if not _SHARDED_OBJECT_KEY.fullmatch(k))
     if stray:
         raise UntrustedFileError(f"{index.path}: refused: it stores {stray[0]!r} as pickled bytes, which {_DCP} "
                                  "loads with an unpickler that can run code, and Megatron stores only its "
                                  f"ShardedObjects (KEY/shard_OFFSET_SHAPE) so; {_TRUST}")
+    legacy = directory / "common.pt"
+    if legacy.exists() or _COMMON_STATE not in index.objects:
+        common = load_torch_file(legacy)
+        if not isinstance(common, dict):
+            raise CheckpointError(f"{legacy}: holds {type(common).__name__} where Megatron keeps a dict; {_DAMAGED}")
+    if _COMMON_STATE in index.objects:
+        state = _load_dcp_bytes(index, _COMMON_STATE)
+        if not (isinstance(state, list) and len(state) == 1 and isinstance(state[0], dict)):
+            raise CheckpointError(f"{index.path.parent}: its {_COMMON_STATE!r} holds {type(state).__name__} where "
+                                  f"Megatron keeps a list of one dict; {_DAMAGED}")
     return index
 
 

@@ -301,6 +301,26 @@ def test_megatron_s_other_files_are_checked(megatron_folder: Path, marker: Path)
     assert_one_line(err, megatron_folder / "metadata.json", "not valid JSON")
 
 
+def test_the_common_state_inside_the_checkpoint_is_checked(megatron_folder: Path, marker: Path) -> None:
+    """megatron-core 0.19+ writes no ``common.pt``: the common state is the ShardedObject ``common_state``,
+    which its load reads through torch.distributed.checkpoint (weights_only=False)."""
+    (megatron_folder / "common.pt").unlink()
+    with pytest.raises(CheckpointError) as err:
+        check_megatron_checkpoint(megatron_folder)
+    assert_one_line(err, megatron_folder / "common.pt", "missing")
+    store_as_bytes(megatron_folder, "common_state/shard_0_1", torch_bytes([{}]))
+    assert "common_state/shard_0_1" in check_megatron_checkpoint(megatron_folder).objects
+    store_as_bytes(megatron_folder, "common_state/shard_0_1", torch_bytes([{"args": Payload(marker)}]))
+    for check in (check_megatron_checkpoint, check_checkpoint_folder):
+        with pytest.raises(UntrustedFileError) as err:
+            check(megatron_folder)
+        assert_one_line(err, megatron_folder / "poison.distcp", "'common_state/shard_0_1'", "io.open")
+    store_as_bytes(megatron_folder, "common_state/shard_0_1", torch_bytes({}))
+    with pytest.raises(CheckpointError) as err:
+        check_megatron_checkpoint(megatron_folder)
+    assert_one_line(err, megatron_folder, "list of one dict")
+
+
 def test_a_truncated_dcp_metadata_is_one_line(megatron_folder: Path) -> None:
     path = megatron_folder / ".metadata"
     path.write_bytes(path.read_bytes()[:100])
@@ -554,7 +574,8 @@ def test_a_poisoned_extra_state_of_a_real_checkpoint_is_never_loaded(real_checkp
     from workbench.store.reader import open_run
 
     folder = real_checkpoint / "megatron"
-    extra = sorted(check_dcp_metadata(folder).objects)
+    # megatron-core 0.19+ also stores its common state so (test_the_common_state_inside_the_checkpoint_is_checked)
+    extra = sorted(check_dcp_metadata(folder).objects - {"common_state/shard_0_1"})
     assert extra and all("_extra_state/shard_" in key for key in extra)
     for key in extra:
         store_as_bytes(folder, key, torch_bytes([Payload(marker)]))

@@ -16,7 +16,8 @@ Files hold only tensors, numbers, strings and containers. A checkpoint may come 
 loading one never runs code from it: torch files load with ``weights_only=True``; ``meta.json`` is
 JSON with typed fields; ``megatron/`` is checked before ``dist_checkpointing`` reads it (its
 ``.metadata``, a pickle that torch's loader reads with plain ``pickle.load``, through an allow-list
-of classes; ``metadata.json`` as JSON; ``common.pt`` weights-only), and only tensors are asked of
+of classes; ``metadata.json`` as JSON; the common state, ``common.pt`` or from 0.19 the ``common_state``
+entry, weights-only), and only tensors are asked of
 it, each stored as one: Megatron's ShardedObjects (the layers' ``_extra_state``, empty in the local
 spec) are stored as pickled bytes that torch unpickles in full, and are left out. A file that would
 run code is refused with ``UntrustedFileError`` naming it; a damaged one with ``CheckpointError``.
