@@ -47,7 +47,7 @@ $(FLOOR)/.installed: pyproject.toml constraints/floor.txt
 	$(call make_venv,$(FLOOR),$(FLOOR_PYTHON),3.11,constraints/floor.txt)
 
 # megatron-core alone, for PYTHONPATH over .venv-current (its torch and everything else stay).
-$(CURRENT)/megatron-%: $(CURRENT)/.installed
+$(CURRENT)/megatron-%: | $(CURRENT)/.installed
 	$(CURRENT)/bin/python -m pip install --quiet --no-deps --target $@ "megatron-core==$*"
 
 demo: $(CURRENT)/.installed chromium
