@@ -110,7 +110,7 @@ def test_the_overlay_is_the_megatron_core_imported() -> None:
         pytest.skip("runs under make test-range (WORKBENCH_OVERLAY=version)")
     code = "import megatron.core, torch; print(megatron.core.__version__, torch.__version__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
-    # megatron-core 0.18 appends the git revision of the working directory: 0.18.2+507ee29
+    # megatron-core 0.18 appends the git revision of the repository its files lie in: 0.18.2+507ee29
     assert Version(done.stdout.split()[0]).public == overlay
 
 
