@@ -42,7 +42,7 @@ from workbench import determinism
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
 from workbench.recorder.recorder import Recorder
-from workbench.recorder.targets import all_gather_objects, unwrap
+from workbench.recorder.targets import all_gather_objects, hybrid_pattern, unwrap
 from workbench.sites import SiteFilter, gpt_blocks
 from workbench.store import layout
 from workbench.store.manifest import (
@@ -120,14 +120,12 @@ def _signature(model: Any, config: Any, parameters: int) -> ModelSignature:
         raise ArgumentError(f"record() needs Megatron Core GPTModel or HybridModel chunks: the model has no "
                             f"{', '.join(missing) or 'config'}")
     # a HybridModel named in the GPT spelling counts GPT blocks, as its names do (workbench.sites)
-    blocks = gpt_blocks(getattr(model, "hybrid_layer_pattern", None))
+    blocks = gpt_blocks(hybrid_pattern(model))
+    experts = getattr(config, "num_moe_experts", None) or None  # a MoE model never pairs with a dense one
     return ModelSignature(num_layers=blocks or config.num_layers, hidden_size=config.hidden_size,
                           num_attention_heads=config.num_attention_heads, vocab_size=int(model.vocab_size),
-                          seq_length=int(model.max_sequence_length), parameters=parameters,
-                          # a MoE model says so: it must never pair with a dense one of the same shape
-                          num_experts=getattr(config, "num_moe_experts", None) or None,
-                          moe_topk=(getattr(config, "moe_router_topk", None) or None)
-                          if getattr(config, "num_moe_experts", None) else None)
+                          seq_length=int(model.max_sequence_length), parameters=parameters, num_experts=experts,
+                          moe_topk=(getattr(config, "moe_router_topk", None) or None) if experts else None)
 
 
 def _user_config_hash(user_config: Mapping[str, Any] | None) -> str | None:
