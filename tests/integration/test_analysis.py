@@ -6,8 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.integration.conftest import Runs
-from tests.integration.test_layouts import LAYOUTS
+from tests.helpers.training import LAYOUTS, Runs
 from workbench.analysis import compare, golden_check
 from workbench.store.reader import open_run
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.conftest import Runs
+from tests.helpers.training import Runs
 
 
 def workbench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

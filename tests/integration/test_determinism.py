@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.integration.conftest import Runs
+from tests.helpers.training import Runs
 from workbench.runner.checkpoint import load_full_params
 from workbench.store.reader import open_run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.conftest import tiny_config
+from tests.helpers.training import tiny_config
 from workbench.errors import LaunchError, UnsupportedError
 from workbench.runner.launch import launch
 from workbench.runner.worker import FAIL_AT_ENV

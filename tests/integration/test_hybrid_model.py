@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("megatron.core.models.hybrid", reason="megatron-core before 0.18 has no HybridModel")
 
-from tests.conftest import train_user_loop  # noqa: E402
+from tests.helpers.training import train_user_loop  # noqa: E402
 from workbench.analysis.compare import compare  # noqa: E402
 from workbench.store.reader import open_run  # noqa: E402
 

@@ -6,16 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.conftest import Runs
+from tests.helpers.training import LAYOUTS, Runs
 from workbench.runner.checkpoint import load_full_params
 from workbench.store.reader import open_run
-
-LAYOUTS = {
-    "tp2": {"layout.tp": 2},
-    "pp2": {"layout.pp": 2},
-    "dp2": {"layout.dp": 2},
-    "tp2pp2": {"layout.tp": 2, "layout.pp": 2},
-}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

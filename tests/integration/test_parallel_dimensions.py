@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.conftest import Runs, tiny_config
+from tests.helpers.training import Runs, tiny_config
 from workbench.analysis.compare import compare
 from workbench.analysis.resume import resume_check
 from workbench.runner.checkpoint import load_full_params

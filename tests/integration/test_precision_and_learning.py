@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.integration.conftest import Runs
+from tests.helpers.training import Runs
 from workbench.config import load_run_config
 from workbench.runner.launch import launch
 from workbench.store.reader import open_run

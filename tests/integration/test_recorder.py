@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.conftest import Runs
-from tests.integration.test_layouts import LAYOUTS
+from tests.helpers.training import LAYOUTS, Runs
 from workbench.errors import NoSitesError
 from workbench.runner.checkpoint import load_full_params
 from workbench.statistics import STAT_NAMES, fingerprint_reference, stats_reference

@@ -16,8 +16,6 @@ from workbench.investigate.replay import replay
 from workbench.runner.launch import launch
 from workbench.store.reader import open_run
 
-pytestmark = pytest.mark.integration
-
 
 def test_fault_run_says_so_and_its_nan_is_found(mini_demo: Path) -> None:
     run = open_run(mini_demo / "fault")

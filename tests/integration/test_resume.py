@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.conftest import Runs, tiny_config
+from tests.helpers.training import Runs, tiny_config
 from workbench.errors import CheckpointError
 from workbench.runner.checkpoint import load_full_params
 from workbench.runner.launch import launch
@@ -47,7 +47,9 @@ def test_resume_refuses_a_different_config(runs: Runs) -> None:
 
 def test_checkpoints_load_without_code(runs: Runs) -> None:
     directory = runs.get("base") / "checkpoints" / "step_000001"
-    for file in directory.glob("*.pt"):
+    files = sorted(directory.glob("*.pt"))
+    assert files, f"no checkpoint files in {directory}: {sorted(p.name for p in directory.iterdir())}"
+    for file in files:
         torch.load(file, weights_only=True)  # raises if the file needed pickled code
 
 

@@ -8,7 +8,7 @@ import fnmatch
 import numpy as np
 import pytest
 
-from tests.integration.conftest import Runs
+from tests.helpers.training import Runs
 from workbench.analysis.compare import compare
 from workbench.determinism import SOURCES, sources_on
 from workbench.store.reader import open_run

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import USER_LOOP as LOOP_SCRIPT
-from tests.conftest import train_user_loop
+from tests.helpers.training import USER_LOOP as LOOP_SCRIPT
+from tests.helpers.training import train_user_loop
 from workbench.analysis.compare import compare
 from workbench.cli import main as cli
 from workbench.store.manifest import USER_LOOP

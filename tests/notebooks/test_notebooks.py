@@ -15,8 +15,6 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.i
 CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 """Where the browser test can run (it looks for Chromium the same way)."""
 
-pytestmark = pytest.mark.integration
-
 
 def _text(nb: nbformat.NotebookNode) -> str:
     parts = []
@@ -87,7 +85,7 @@ def test_notebook_executes_on_a_folder_of_user_runs(path: Path, user_runs: Path,
 @pytest.fixture(scope="module")
 def sources_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An attribution study in miniature: a deterministic run, every source off, and two sources alone."""
-    from tests.integration.conftest import TINY
+    from tests.helpers.training import TINY
     from workbench.config import RunConfig
     from workbench.studies.study import expand_study, run_study
 

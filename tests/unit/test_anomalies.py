@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.unit.test_compare import SITES, records
+from tests.helpers.records import SITES, records
 from workbench.analysis import RunRecords
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
 from workbench.errors import ConfigError

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import workbench.investigate.watch as anomaly_watch
-from tests.conftest import write_synthetic_run
+from tests.helpers.stores import write_synthetic_run
 from workbench.errors import ArgumentError
 from workbench.investigate.watch import watch_anomalies
 from workbench.statistics import STAT_NAMES
@@ -19,7 +19,7 @@ from workbench.store import layout, synthetic
 from workbench.store.reader import open_run
 from workbench.store.writer import ScalarWriter, set_status, write_site_rows
 
-ROW = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.01, "tokens_per_s": 1e5,
+SCALARS = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.01, "tokens_per_s": 1e5,
        "recorder_time": 0.0, "skipped": 0}
 
 
@@ -47,8 +47,8 @@ def test_a_nan_written_while_watching_is_reported_once_and_the_watch_ends_with_t
         _wait_for(lambda: len(polls) >= 2, "the watch to read the clean steps")
         assert seen == [] and not watch.done()
         writer = ScalarWriter(run_dir, flush_every=1)
-        writer.append(20, {**ROW, "loss": float("nan")})
-        writer.append(21, {**ROW, "loss": 2.9})
+        writer.append(20, {**SCALARS, "loss": float("nan")})
+        writer.append(21, {**SCALARS, "loss": 2.9})
         writer.close()  # flushed: the watch can see steps 20 and 21
         _wait_for(lambda: len(seen) >= 1, "the NaN to be reported")
         after = len(polls)

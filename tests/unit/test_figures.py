@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 from plotly.subplots import make_subplots
 
-from tests.unit.test_compare import SITES, perturb, records
+from tests.helpers.records import SITES, perturb, records
 from workbench.analysis import compare
 from workbench.analysis.cost import COLUMNS
 from workbench.analysis.elementwise import elementwise_difference

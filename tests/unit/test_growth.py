@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.unit.test_compare import SITES, perturb, records
+from tests.helpers.records import SITES, perturb, records
 from workbench.analysis import IncomparableRunsError, RunRecords, compare
 from workbench.analysis.growth import amplification, growth_phase, leaves_floor, noise_floor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.unit.test_compare import SITES, perturb, records
+from tests.helpers.records import SITES, perturb, records
 from workbench.analysis import RunRecords
 from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import ladder, layer_label, layer_order

@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tests.unit.test_trace_alignment import T, Trace, _common
+from tests.helpers.traces import T, Trace, common_trace
 from workbench.analysis.replay_check import ReplayCheck
 from workbench.analysis.trace_alignment import first_operation
 from workbench.figures.operations import operation_figure, replay_figure, scopes_in_model_order
 
 
 def test_operation_figure_marks_states_and_stars_the_origin() -> None:
-    a = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m")], source="mlp.py:10") \
+    a = common_trace(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m")], source="mlp.py:10") \
         .op("layers.0", "add", [T("h"), T("m")], [T("o")])
-    b = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m*")], source="mlp.py:10") \
+    b = common_trace(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m*")], source="mlp.py:10") \
         .op("layers.0", "add", [T("h"), T("m*")], [T("o*")])
     fig = operation_figure(first_operation(a.frame(), b.frame()), title="t")
     names = [t.name for t in fig.data]
@@ -74,7 +74,7 @@ def test_scopes_follow_the_model_and_identity_modules_traced_in_backward_only_si
 
 def test_the_operation_figure_rows_are_in_model_order() -> None:
     def step(changed: str) -> Trace:
-        t = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m" + changed)])
+        t = common_trace(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m" + changed)])
         t.op("layers.0.mlp", "mm", [T("g" + changed), T("w1")], [T("gm" + changed)], phase="backward")
         t.op("layers.0.pre_mlp_layernorm", "identity", [T("g" + changed)], [T("g" + changed)], phase="backward")
         return t.op("embedding", "embedding_backward", [T("g" + changed)], [T("ge" + changed)], phase="backward")
@@ -85,8 +85,10 @@ def test_the_operation_figure_rows_are_in_model_order() -> None:
 
 
 def test_the_star_sits_on_the_right_occurrence() -> None:
-    a = _common(Trace()).op("mlp", "mm", [T("h"), T("w1")], [T("m1")]).op("mlp", "mm", [T("m1"), T("w2")], [T("m2")])
-    b = _common(Trace()).op("mlp", "mm", [T("h"), T("w1")], [T("m1")]).op("mlp", "mm", [T("m1"), T("w2")], [T("m2*")])
+    a = common_trace(Trace()).op("mlp", "mm", [T("h"), T("w1")], [T("m1")])
+    a.op("mlp", "mm", [T("m1"), T("w2")], [T("m2")])
+    b = common_trace(Trace()).op("mlp", "mm", [T("h"), T("w1")], [T("m1")])
+    b.op("mlp", "mm", [T("m1"), T("w2")], [T("m2*")])
     result = first_operation(a.frame(), b.frame())
     assert (result.origin.op, result.origin.occurrence) == ("mm", 1)
     assert list(operation_figure(result).data[-1].x) == [3]

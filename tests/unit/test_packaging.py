@@ -124,7 +124,7 @@ def test_the_torch_free_layers_import_without_torch() -> None:
     import subprocess
     import sys
 
-    from tests.unit.test_layers import TORCH_FREE, layer_modules
+    from tests.helpers.layers import TORCH_FREE, layer_modules
 
     modules = [m for layer in TORCH_FREE for m in layer_modules(layer)]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_synthetic_run
+from tests.helpers.stores import write_synthetic_run
 from workbench.errors import ArgumentError
 from workbench.investigate.replay import replay
 from workbench.store import synthetic

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import write_synthetic_run
+from tests.helpers.stores import SCALARS, write_synthetic_run
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
 from workbench.studies.report import _page, anomaly_table, report_figures
 from workbench.studies.summary import summarise
 from workbench.studies.workspace import Workspace
 
-ROW = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.1, "tokens_per_s": 1e4,
-       "recorder_time": 0.0, "skipped": 0}
-
 
 def test_anomalies_of_every_run_are_marked_on_the_loss_and_listed(tmp_path: Path) -> None:
     synthetic.write_synthetic_run(tmp_path / "a", steps=30, sites=6)
     synthetic.write_synthetic_run(tmp_path / "b", steps=30, sites=6, seed=1)
     writer = ScalarWriter(tmp_path / "b", flush_every=1)
-    writer.append(20, {**ROW, "loss": float("nan")})  # b's loss turns NaN at step 20
+    writer.append(20, {**SCALARS, "loss": float("nan")})  # b's loss turns NaN at step 20
     writer.close()
     write_synthetic_run(tmp_path / "scalars-only", steps=30)  # no site records: its scalars are judged
     ws = Workspace.open(tmp_path)

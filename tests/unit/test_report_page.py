@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from tests.unit.test_report_anomalies import ROW
+from tests.helpers.stores import SCALARS
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
@@ -33,7 +33,7 @@ def _workspace(tmp_path: Path) -> Workspace:
     synthetic.write_synthetic_run(tmp_path / "a", steps=20, sites=6)
     synthetic.write_synthetic_run(tmp_path / "b", steps=20, sites=6, seed=1)
     writer = ScalarWriter(tmp_path / "b", flush_every=1)
-    writer.append(12, {**ROW, "loss": float("nan")})  # an anomaly, for the anomaly table
+    writer.append(12, {**SCALARS, "loss": float("nan")})  # an anomaly, for the anomaly table
     writer.close()
     return Workspace.open(tmp_path)
 

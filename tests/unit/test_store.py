@@ -10,7 +10,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from tests.conftest import write_synthetic_run
+from tests.helpers.stores import write_synthetic_run
 from workbench.errors import DamagedStoreError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
 from workbench.store.reader import list_runs, open_run

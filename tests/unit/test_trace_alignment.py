@@ -2,53 +2,22 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
+from tests.helpers.traces import T, Trace, common_trace
 from workbench.analysis.trace_alignment import EmptyTraceError, first_operation
-from workbench.store.op_trace import TracedTensor
-
-
-def T(fp: str | None, shape: tuple[int, ...] = (4,), *, defined: bool = True) -> TracedTensor:
-    return TracedTensor(shape, "float32", fp, 0, defined)
-
-
-class Trace:
-    """Builds a trace in execution order; occurrences are counted as the tracer counts them."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict] = []
-        self.counts: dict[tuple, int] = {}
-
-    def op(self, scope: str, op: str, inputs: list, outputs: list, *, phase: str = "forward", mb: int = 0,
-           tp_rank: int = 0, source: str | None = None) -> Trace:
-        key = (tp_rank, phase, scope, op)
-        self.rows.append({"seq": sum(1 for r in self.rows if r["tp_rank"] == tp_rank), "rank": tp_rank,
-                          "tp_rank": tp_rank, "phase": phase, "microbatch": mb, "scope": scope, "op": op,
-                          "occurrence": self.counts.get(key, 0), "node": None, "source": source,
-                          "inputs": inputs, "outputs": outputs})
-        self.counts[key] = self.counts.get(key, 0) + 1
-        return self
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
-
-
-def _common(t: Trace) -> Trace:
-    return t.op("embedding", "embedding", [T("tok"), T("w")], [T("e")]).op("layers.0", "add", [T("e"), T("e")],
-                                                                           [T("h")])
 
 
 def test_identical_traces() -> None:
-    result = first_operation(_common(Trace()).frame(), _common(Trace()).frame())
+    result = first_operation(common_trace(Trace()).frame(), common_trace(Trace()).frame())
     assert result.identical and result.origin is None and result.aligned == 2
     assert set(result.operations["outputs"]) == {"equal"}
 
 
 def test_origin_is_the_first_operation_with_equal_inputs_and_different_outputs() -> None:
-    a = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m")], source="mlp.py:10 in forward") \
+    a = common_trace(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m")], source="mlp.py:10 in forward") \
         .op("layers.0", "add", [T("h"), T("m")], [T("o")])
-    b = _common(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m*")], source="mlp.py:10 in forward") \
+    b = common_trace(Trace()).op("layers.0.mlp", "mm", [T("h"), T("w1")], [T("m*")], source="mlp.py:10 in forward") \
         .op("layers.0", "add", [T("h"), T("m*")], [T("o*")])
     result = first_operation(a.frame(), b.frame())
     assert result.verdict == "origin"
@@ -60,10 +29,10 @@ def test_origin_is_the_first_operation_with_equal_inputs_and_different_outputs()
 
 
 def test_an_operation_of_one_run_only_that_changes_a_tensor_is_the_origin() -> None:
-    a = _common(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]).op("layers.0", "add", [T("h"), T("g")],
+    a = common_trace(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]).op("layers.0", "add", [T("h"), T("g")],
                                                                            [T("o")])
     # B's MLP has extra operations (a view and an in-place write): the add after them must still align with A's.
-    b = _common(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]) \
+    b = common_trace(Trace()).op("layers.0.mlp", "gelu", [T("h")], [T("g")]) \
         .op("layers.0.mlp", "view", [T("g")], [T("g")]) \
         .op("layers.0.mlp", "copy_", [T("g"), T("x", ())], [T("one", ()), T("g*")], source="faults.py:48") \
         .op("layers.0", "add", [T("h"), T("g*")], [T("o*")])
@@ -75,7 +44,7 @@ def test_an_operation_of_one_run_only_that_changes_a_tensor_is_the_origin() -> N
 
 def test_tensor_parallel_ranks_merge_and_the_reduction_only_one_layout_has_is_found() -> None:
     # A (TP=1): one matmul over the full inner dimension.
-    a = _common(Trace()).op("layers.0.proj", "mm", [T("h", (4, 8)), T("w", (8, 4))], [T("y", (4, 4))]) \
+    a = common_trace(Trace()).op("layers.0.proj", "mm", [T("h", (4, 8)), T("w", (8, 4))], [T("y", (4, 4))]) \
         .op("layers.0", "add", [T("h"), T("y", (4, 4))], [T("o")])
     # B (TP=2): each rank multiplies its half (split inputs, partial outputs), then an all-reduce sums them.
     b = Trace()
@@ -115,15 +84,15 @@ def test_micro_batches_are_aligned_separately() -> None:
 
 def test_empty_trace_is_refused() -> None:
     with pytest.raises(EmptyTraceError, match="holds no operations"):
-        first_operation(Trace().frame(), _common(Trace()).frame())
+        first_operation(Trace().frame(), common_trace(Trace()).frame())
 
 
 def test_same_layout_aligns_by_input_shapes_too() -> None:
     # Two gradient accumulations that ran in the other order: names alone would pair a bias with a weight.
     bias, weight = [T("gb", (4,)), T("b", (4,))], [T("gw", (4, 8)), T("w", (4, 8))]
-    a = _common(Trace()).op("mlp", "add_", bias, [T("gb2", (4,))], phase="backward") \
+    a = common_trace(Trace()).op("mlp", "add_", bias, [T("gb2", (4,))], phase="backward") \
         .op("mlp", "add_", weight, [T("gw2", (4, 8))], phase="backward")
-    b = _common(Trace()).op("mlp", "add_", weight, [T("gw2", (4, 8))], phase="backward") \
+    b = common_trace(Trace()).op("mlp", "add_", weight, [T("gw2", (4, 8))], phase="backward") \
         .op("mlp", "add_", bias, [T("gb2", (4,))], phase="backward")
     result = first_operation(a.frame(), b.frame())
     assert result.identical and (result.only_a, result.only_b) == (1, 1)
@@ -140,7 +109,7 @@ def test_untraced_stays_the_verdict_when_a_later_operation_also_differs() -> Non
 
 def test_uninitialised_memory_is_not_a_difference() -> None:
     def run(junk: str) -> Trace:
-        t = _common(Trace())
+        t = common_trace(Trace())
         t.op("attn", "slice", [T(junk)], [T(junk, defined=False)], source="megatron/core/utils.py:635 in get_tensor")
         return t.op("attn", "baddbmm", [T(junk), T("q"), T("k")], [T("s")])  # beta = 0: the junk is overwritten
     result = first_operation(run("junk-a").frame(), run("junk-b").frame())

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from tests.conftest import write_synthetic_run
+from tests.helpers.stores import write_synthetic_run
 from workbench.config import RunConfig
 from workbench.errors import CheckpointError, UntrustedFileError
 from workbench.untrusted import (
@@ -507,7 +507,7 @@ def toml_of(data: dict[str, Any]) -> str:
 @pytest.fixture(scope="module")
 def megatron_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real TP=1 run of the integration tests' tiny config, 2 steps, checkpoints in Megatron's format."""
-    from tests.integration.conftest import tiny_config
+    from tests.helpers.training import tiny_config
     from workbench.runner.launch import launch
 
     return launch(tiny_config("source", steps=2, checkpoint_format="megatron"),
@@ -525,7 +525,7 @@ def real_checkpoint(megatron_run: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("poison", ["a payload as .metadata", "a model tensor stored as bytes"])
 def test_workbench_run_start_from_a_poisoned_real_checkpoint_exits_2_with_one_line(
         real_checkpoint: Path, marker: Path, tmp_path: Path, poison: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.integration.conftest import TINY
+    from tests.helpers.training import TINY
     from workbench.cli import main
 
     folder = real_checkpoint / "megatron"
@@ -549,7 +549,7 @@ def test_workbench_run_start_from_a_poisoned_real_checkpoint_exits_2_with_one_li
 def test_a_rank_refuses_a_poisoned_real_checkpoint_in_one_line(real_checkpoint: Path, marker: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the launcher's check (switched off here), the rank's own check refuses the file."""
-    from tests.integration.conftest import tiny_config
+    from tests.helpers.training import tiny_config
     from workbench import untrusted
     from workbench.errors import LaunchError
     from workbench.runner.launch import launch
@@ -569,7 +569,7 @@ def test_a_rank_refuses_a_poisoned_real_checkpoint_in_one_line(real_checkpoint: 
 def test_a_poisoned_extra_state_of_a_real_checkpoint_is_never_loaded(real_checkpoint: Path, marker: Path,
                                                                     tmp_path: Path) -> None:
     """Megatron stores the layers' ``_extra_state`` as pickled bytes: a start leaves them unread."""
-    from tests.integration.conftest import tiny_config
+    from tests.helpers.training import tiny_config
     from workbench.runner.launch import launch
     from workbench.store.reader import open_run
 
@@ -598,7 +598,7 @@ def _truncate_model_file(checkpoint: Path, marker: Path) -> None:
 def test_resume_and_replay_refuse_a_bad_model_file_before_any_rank_starts(
         megatron_run: Path, marker: Path, tmp_path: Path, damage: Any, verb: str,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.integration.conftest import TINY
+    from tests.helpers.training import TINY
     from workbench.cli import main
 
     run = shutil.copytree(megatron_run, tmp_path / "source")
