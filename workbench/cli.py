@@ -204,7 +204,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           "this CPU the nondeterministic side differs only by the emulated atomics):")
     print(cost[["config", "deterministic_tokens_per_s", "default_tokens_per_s", "tax_percent", "ci_low", "ci_high"]]
           .to_string(index=False, float_format=lambda x: f"{x:.1f}"))
-    nondet = Workspace.open(moe_out).floor_runs[-2:]
+    nondet = Workspace.open(moe_out).roles.floor_runs[-2:]
     if len(nondet) == 2:
         print(f"\nto find the MoE operation: workbench bisect {moe_out / nondet[0]} {moe_out / nondet[1]}")
     _investigate_faults(args.out)
@@ -222,12 +222,12 @@ def _investigate_faults(directory: Path) -> None:
 
     ws = Workspace.open(directory)
     printer = ProgressPrinter()
-    for name in ws.faulted:
+    for name in ws.roles.faulted:
         start = time.monotonic()
-        found = investigate(ws.runs[name].path, reference=ws.runs[ws.reference].path, overwrite=True,
+        found = investigate(ws.runs[name].path, reference=ws.runs[ws.roles.reference].path, overwrite=True,
                             progress=functools.partial(_prefixed, printer, f"investigate {name}: "))
         printer(f"investigate {name}: done in {time.monotonic() - start:.1f} s", final=True)
-        print(f"\nanomaly, replay and bisect of {name} ({ws.runs[name].manifest.get('fault')}):")
+        print(f"\nanomaly, replay and bisect of {name} ({ws.runs[name].info.fault}):")
         print(found.summary())
 
 
@@ -375,7 +375,7 @@ def _cmd_figure(args: argparse.Namespace) -> int:
 
         # named runs: the first is the reference; a folder: every run against the workspace's reference
         chosen = names if all(n in ws.runs for n in names) else \
-            [ws.reference, *(n for n in ws.names if n != ws.reference)]
+            [ws.roles.reference, *(n for n in ws.names if n != ws.roles.reference)]
         series = ws.scalar(args.quantity, chosen)
         figure = trajectory_figure(series, reference=chosen[0], quantity=args.quantity,
                                    floor=ws.scalar_floor(args.quantity),
@@ -410,8 +410,8 @@ def _cmd_resume_check(args: argparse.Namespace) -> int:
 
     resumed = open_run(args.resumed)
     floor = args.floor
-    started = resumed.manifest.get("started_from")
-    if floor is None and isinstance(started, dict) and Path(str(started.get("run"))).is_dir():
+    started = resumed.info.started_from
+    if floor is None and started is not None and Path(str(started.get("run"))).is_dir():
         floor = Path(str(started["run"]))  # the run that wrote the checkpoint, at the other layout
         if floor.resolve() == open_run(args.reference).path.resolve():
             floor = None  # checked against the run it started from: no distance to measure a floor by

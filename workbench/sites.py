@@ -33,8 +33,10 @@ computes without a module of its own). Any other pattern keeps Megatron's number
 for the i-th symbol; ``final_norm`` is ``final_layernorm`` in every pattern.
 
 A recorded *site* is a kind and a name, ``"kind:name"``: ``param:layers.0.mlp.linear_fc1.weight``,
-``act:layers.0.mlp``, ``grad:output_layer.weight``. ``SITE_KINDS`` lists the kinds in the order
-they happen within a step, which is the first key of a site's execution order.
+``act:layers.0.mlp``, ``grad:output_layer.weight``. ``KINDS`` describes each kind (its phase, whether it
+is parameter-sized, what it is computed from, why a run may lack it); ``SITE_KINDS`` lists them in the order
+they happen within a step, which is the first key of a site's execution order. The per-layer views label a
+site by its layer (``layer_label``: ``L3``, ``embedding``, ``loss``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 _WRAPPER_PREFIX = "module."
 _LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=\.|$)")
@@ -50,19 +53,59 @@ _GLOBAL_LAYER = re.compile(r"^layers\.(\d+)(?=\.|$)")
 _LOCAL_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)(?=\.|$)")
 
 
-SITE_KINDS: tuple[str, ...] = (
-    "param",       # parameter value at the start of the step (the one the forward uses)
-    "act",         # output of a module in the forward pass
-    "loss",        # per-token loss
-    "act_grad",    # gradient flowing into a module's output in the backward pass
-    "grad_local",  # gradient before the data-parallel reduction
-    "grad",        # gradient after the data-parallel reduction (what the optimizer reads)
-    "exp_avg",     # AdamW first moment after the step
-    "exp_avg_sq",  # AdamW second moment after the step
-    "update",      # parameter after the step minus parameter before it
+@dataclass(frozen=True)
+class SiteKind:
+    """What the workbench knows of one kind of site, in one place: adding a kind starts here."""
+
+    name: str
+    what: str
+    phase: str
+    """When in the step it is taken: ``forward``, ``backward``, ``reduction`` or ``optimizer``."""
+    parameter_sized: bool
+    """One site per parameter (the parameter side records it), rather than per module output."""
+    computed_from: tuple[str, ...]
+    """The kinds, of the same name, a site of this kind is computed from: where a difference at it can
+    originate (the rest is ``chained``)."""
+    why_missing: str
+    """Why a recorded run may have no site of this kind (the manifest's ``kinds_missing``)."""
+    default: bool = True
+    """Recorded unless the config's ``record.kinds`` says otherwise."""
+
+    @property
+    def chained(self) -> bool:
+        """Whether a site of this kind is computed from the site of its kind before it in execution order, where
+        none of ``computed_from`` is recorded: every kind but the optimizer's (each parameter's moments and update
+        are its own)."""
+        return self.phase != "optimizer"
+
+
+_KINDS = (
+    SiteKind("param", "parameter value at the start of the step (the one the forward uses)", "forward", True, (),
+             "no parameter of the model was found"),
+    SiteKind("act", "output of a module in the forward pass", "forward", False, (),
+             "no activation module of a GPT model was found"),
+    SiteKind("loss", "per-token loss", "forward", False, (),
+             "the model's output is not a per-token loss (call it with labels)"),
+    SiteKind("act_grad", "gradient flowing into a module's output in the backward pass", "backward", False, (),
+             "no activation that requires a gradient was found"),
+    SiteKind("grad_local", "gradient before the data-parallel reduction", "reduction", True, (),
+             "the gradient before the reduction is read only in config.finalize_model_grads_func, "
+             "which the model's config does not set", default=False),
+    SiteKind("grad", "gradient after the data-parallel reduction (what the optimizer reads)", "reduction", True,
+             ("grad_local",), "no reduced gradient reached the recorder: pass the optimizer (its step is where "
+             "they are read)"),
+    SiteKind("exp_avg", "AdamW first moment after the step", "optimizer", True, ("grad", "param"),
+             "no optimizer was passed, or it holds no Adam moments"),
+    SiteKind("exp_avg_sq", "AdamW second moment after the step", "optimizer", True, ("grad", "param"),
+             "no optimizer was passed, or it holds no Adam moments"),
+    SiteKind("update", "parameter after the step minus parameter before it", "optimizer", True, ("grad", "param"),
+             "no parameter of the model was found"),
 )
-DEFAULT_KINDS: tuple[str, ...] = tuple(k for k in SITE_KINDS if k != "grad_local")
-PARAMETER_KINDS = frozenset({"param", "grad_local", "grad", "exp_avg", "exp_avg_sq", "update"})
+KINDS: Mapping[str, SiteKind] = {kind.name: kind for kind in _KINDS}
+"""Every site kind, in the order they happen within a step."""
+SITE_KINDS: tuple[str, ...] = tuple(KINDS)
+DEFAULT_KINDS: tuple[str, ...] = tuple(k.name for k in _KINDS if k.default)
+PARAMETER_KINDS = frozenset(k.name for k in _KINDS if k.parameter_sized)
 
 
 def site_id(kind: str, name: str) -> str:
@@ -142,7 +185,38 @@ def expert_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def layer_of(site: str) -> int | None:
-    """Global layer number of a site, or None for sites outside the transformer layers."""
-    match = _GLOBAL_LAYER.match(site)
+def layer_of(name: str) -> int | None:
+    """Global layer number of a canonical name (``layers.3.mlp`` -> 3), or None outside the transformer layers."""
+    match = _GLOBAL_LAYER.match(name)
     return int(match.group(1)) if match else None
+
+
+# -- layer labels: the rows of the per-layer views (ladder, sweep by layer) -----------------------------------
+
+_BEFORE_LAYERS = ("embedding",)
+_AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")
+_LAYER_LABEL = re.compile(r"^L(\d+)$")
+
+
+def layer_label(site: str) -> str:
+    """``L<n>`` for a site inside transformer layer n, else its top-level module (``embedding`` ...)."""
+    kind, name = split_site(site)
+    layer = layer_of(name)
+    if layer is not None:
+        return f"L{layer}"
+    return kind if kind == "loss" else name.split(".", 1)[0]
+
+
+def labelled_layer(label: str) -> int | None:
+    """The layer an ``L<n>`` label names; None for any other label (``embedding``, ``loss`` ...)."""
+    match = _LAYER_LABEL.match(label)
+    return int(match.group(1)) if match else None
+
+
+def layer_order(labels: Sequence[str]) -> list[str]:
+    """Labels in model order: embedding, L0, L1, ..., final norm, output layer, loss, then any others."""
+    numbered = sorted({lb for lb in labels if labelled_layer(lb) is not None}, key=lambda lb: labelled_layer(lb) or 0)
+    before = [lb for lb in _BEFORE_LAYERS if lb in labels]
+    after = [lb for lb in _AFTER_LAYERS if lb in labels]
+    rest = sorted(set(labels) - set(numbered) - set(before) - set(after))
+    return before + numbered + after + rest

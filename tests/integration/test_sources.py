@@ -56,7 +56,8 @@ def test_the_study_attributes_each_difference_to_its_source(runs: Runs) -> None:
     alone = ["embedding_atomics", "attention_backward", "splitk_gemm"]  # the registry's order
     ws = Workspace.open(runs.get("base"), runs.get("sources-off", deterministic=False, **ALL_OFF),
                         *(_alone(runs, s) for s in alone))  # type: ignore[arg-type]
-    assert ws.reference == "base" and set(ws.all_off_runs) == {"base", "sources-off"} and ws.others == []
+    roles = ws.roles
+    assert roles.reference == "base" and set(roles.all_off_runs) == {"base", "sources-off"} and roles.others == []
     table = ws.attribution()
     assert table["source"].tolist() == alone
     assert table["where_it_acts"].tolist() == [True, True, True]

@@ -80,7 +80,7 @@ def test_an_attribution_study_adds_the_cost_of_each_source(tmp_path: Path) -> No
         _throughput(run, speed * (1 + 0.01 * rng.standard_normal(30)), deterministic=deterministic)
         update_manifest(run, determinism=describe(deterministic, sources=sources))
     widget = CostWidget(tmp_path)
-    assert widget.workspace.source_runs == {"splitk": "splitk_gemm"}  # type: ignore[union-attr]
+    assert widget.workspace.roles.source_runs == {"splitk": "splitk_gemm"}  # type: ignore[union-attr]
     assert widget.by_source["config"].tolist() == ["splitk_gemm"]
     assert -25 < widget.by_source["tax_percent"].iloc[0] < -15  # 800 / 1000 - 1: the emulation is the slower
     assert widget.source_box.layout.display is None and "1 nondeterminism sources" in widget.status.value

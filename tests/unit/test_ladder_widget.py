@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from workbench.analysis.ladder import layer_label
+from workbench.sites import layer_label
 from workbench.store.synthetic import write_synthetic_run
 from workbench.widgets.ladder import LadderWidget
 

@@ -91,7 +91,7 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     assert main(["study", str(tmp_path)]) == 0
     assert "mine-b vs mine-a: first differ at step 3" in capsys.readouterr().out
     ws = Workspace.open(tmp_path)
-    assert ws.reference == "mine-a" and ws.runs["mine-a"].info.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
+    assert ws.roles.reference == "mine-a" and ws.runs["mine-a"].info.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
     assert main(["replay", str(a), "--step", "1"]) == 2
     assert "not by the workbench runner" in capsys.readouterr().err
 

@@ -75,9 +75,9 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_workspace_finds_the_seed_runs_and_judges_the_others(study: Path) -> None:
     ws = Workspace.open(study)
-    assert ws.reference == "ref"
-    assert ws.seed_runs == ["ref", "ref-again", "seed2", "seed3"]
-    assert set(ws.others) == {"half", "half-seed2"}  # neither the floor nor the reference's seeds
+    assert ws.roles.reference == "ref"
+    assert ws.roles.seed_runs == ["ref", "ref-again", "seed2", "seed3"]
+    assert set(ws.roles.others) == {"half", "half-seed2"}  # neither the floor nor the reference's seeds
     low, high = ws.scalar_seed_spread("val_loss")
     assert (low[5], high[5]) == (1.98, 2.01) and math.isnan(low[0])
     step, table = ws.scales("val_loss", ["half"])
@@ -93,7 +93,7 @@ def test_without_other_seeds_there_is_no_spread(tmp_path: Path) -> None:
     _run(tmp_path, "ref", seed=1)
     _run(tmp_path, "half", seed=1, precision="bf16")
     ws = Workspace.open(tmp_path)
-    assert ws.seed_runs == [] and ws.scalar_seed_spread("val_loss") is None and ws.seed_ladder() is None
+    assert ws.roles.seed_runs == [] and ws.scalar_seed_spread("val_loss") is None and ws.seed_ladder() is None
     step, table = ws.scales("val_loss")
     assert step == 5 and table["verdict"].tolist() == [ScaleVerdict.NO_SCALE]
 

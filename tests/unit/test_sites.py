@@ -2,7 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.sites import canonical_name, gpt_blocks, hybrid_name, layer_of, strip_wrappers
+from workbench.sites import (
+    DEFAULT_KINDS,
+    PARAMETER_KINDS,
+    canonical_name,
+    gpt_blocks,
+    hybrid_name,
+    layer_of,
+    strip_wrappers,
+)
 
 
 def test_wrappers_and_decoder_are_removed() -> None:
@@ -44,3 +52,19 @@ def test_any_other_hybrid_pattern_keeps_megatron_numbering() -> None:
         assert hybrid_name("layers.3.mlp", pattern) == "layers.3.mlp"
         assert hybrid_name("layers.2", pattern) == "layers.2"
     assert hybrid_name("final_norm", "M-*-") == "final_layernorm"
+
+
+def test_every_kind_is_computed_from_kinds_that_happen_before_it() -> None:
+    from workbench.sites import KINDS, SITE_KINDS
+
+    assert SITE_KINDS == tuple(KINDS) and "grad_local" not in DEFAULT_KINDS and "param" in PARAMETER_KINDS
+    for position, kind in enumerate(KINDS.values()):
+        assert kind.why_missing and kind.phase in ("forward", "backward", "reduction", "optimizer"), kind.name
+        assert all(SITE_KINDS.index(source) < position for source in kind.computed_from), kind.name
+
+
+def test_layer_labels_name_their_layer() -> None:
+    from workbench.sites import labelled_layer, layer_label
+
+    assert labelled_layer(layer_label("act:layers.12.mlp")) == 12
+    assert [labelled_layer(label) for label in ("embedding", "loss", "L", "Lx", "L3a")] == [None] * 5

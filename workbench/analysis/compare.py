@@ -29,7 +29,7 @@ import xarray as xr
 
 from workbench.analysis.difference import FirstHit, first_true, relative_difference
 from workbench.errors import WorkbenchError
-from workbench.sites import split_site
+from workbench.sites import KINDS, split_site
 from workbench.store.records import RunRecords
 
 
@@ -118,16 +118,15 @@ def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
     return warnings
 
 
-_OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq", "update")
-
-
 def _inputs(site: str, kind: str, name: str, present: set[str], previous_of_kind: dict[str, str]) -> list[str] | None:
-    """The recorded sites ``site`` is computed from, by the rule in the module docstring (None: unknown)."""
-    if kind in _OPTIMIZER_KINDS:  # the optimizer reads the reduced gradient and the parameter
-        inputs = [f"{k}:{name}" for k in ("grad", "param") if f"{k}:{name}" in present]
-        return inputs or None
-    if kind == "grad" and f"grad_local:{name}" in present:
-        return [f"grad_local:{name}"]
+    """The recorded sites ``site`` is computed from, by the rule in the module docstring (None: unknown): the
+    sites of the same name its kind is computed from (``sites.KINDS``), else the previous site of its kind."""
+    known = KINDS.get(kind)
+    inputs = [f"{k}:{name}" for k in (known.computed_from if known else ()) if f"{k}:{name}" in present]
+    if inputs:
+        return inputs
+    if known is not None and not known.chained:
+        return None
     return [previous_of_kind[kind]] if kind in previous_of_kind else None
 
 

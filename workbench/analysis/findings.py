@@ -1,7 +1,7 @@
 """Findings of a study in sentences: which runs repeat bitwise, where the others first differ.
 
 ``study_findings`` takes the records of a study's runs by name, a reference run and the
-groups of repeats (``Workspace.repeat_groups``: read from the manifests, never from names),
+groups of repeats (``Roles.repeat_groups``: read from the manifests, never from names),
 and compares every run with the reference (repeats with their first repeat; a resumed run
 from its resume step on); the demo prints the result. Pure: records in, sentences out.
 """

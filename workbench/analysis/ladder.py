@@ -20,29 +20,8 @@ import pandas as pd
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor, row_nanmedian
-from workbench.sites import SITE_KINDS, layer_of, split_site
+from workbench.sites import SITE_KINDS, layer_label, layer_order, split_site
 from workbench.store.records import RunRecords
-
-_BEFORE_LAYERS = ("embedding",)
-_AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")
-
-
-def layer_label(site: str) -> str:
-    """``L<n>`` for a site inside transformer layer n, else its top-level module (``embedding`` ...)."""
-    kind, name = split_site(site)
-    layer = layer_of(name)
-    if layer is not None:
-        return f"L{layer}"
-    return kind if kind == "loss" else name.split(".", 1)[0]
-
-
-def layer_order(labels: list[str]) -> list[str]:
-    """Labels in model order: embedding, L0, L1, ..., final norm, output layer, loss, then any others."""
-    numbered = sorted({lb for lb in labels if lb[1:].isdigit() and lb[0] == "L"}, key=lambda lb: int(lb[1:]))
-    before = [lb for lb in _BEFORE_LAYERS if lb in labels]
-    after = [lb for lb in _AFTER_LAYERS if lb in labels]
-    rest = sorted(set(labels) - set(numbered) - set(before) - set(after))
-    return before + numbered + after + rest
 
 
 def sites_in_model_order(sites: list[str]) -> list[str]:

@@ -25,8 +25,9 @@ import xarray as xr
 
 from workbench.analysis.compare import Comparison
 from workbench.analysis.growth import amplification
-from workbench.analysis.ladder import layer_label, per_layer_error, sites_in_model_order
+from workbench.analysis.ladder import per_layer_error, sites_in_model_order
 from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, colour
+from workbench.sites import layer_label
 from workbench.store.manifest import Provenance
 
 DIFFERS_ONLY_IN_BITS = -17.0

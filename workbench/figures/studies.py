@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
-from workbench.analysis.ladder import Ladder, layer_order
+from workbench.analysis.ladder import Ladder
 from workbench.figures.style import (
     FONT_SIZE,
     NOISE_FLOOR,
@@ -29,6 +29,7 @@ from workbench.figures.style import (
     colour,
     floor_band,
 )
+from workbench.sites import layer_order
 from workbench.store.manifest import Provenance
 
 

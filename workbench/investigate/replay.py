@@ -89,7 +89,7 @@ def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> No
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return
     existing = layout.resolve_run_dir(run_dir)
-    if existing is None or not open_run(existing).manifest.get("replay"):
+    if existing is None or open_run(existing).info.replay is None:
         raise ArgumentError(f"{run_dir} exists and is not a replay; choose another --out (a replay never "
                           "overwrites anything else)")
     if not overwrite:

@@ -21,22 +21,9 @@ import numpy as np
 
 from workbench.errors import DamagedStoreError
 from workbench.recorder.targets import ParallelRanks, all_gather_objects
-from workbench.sites import SITE_KINDS, expert_of, layer_of, site_id
+from workbench.sites import KINDS, SITE_KINDS, expert_of, layer_of, site_id
 from workbench.store import layout
 from workbench.store.writer import SiteInfo, create_sites_group, update_manifest
-
-_BACKWARD_KINDS = {"act_grad"}
-
-_WHY_MISSING = {
-    "grad": "no reduced gradient reached the recorder: pass the optimizer (its step is where they are read)",
-    "grad_local": "the gradient before the reduction is read only in config.finalize_model_grads_func, "
-                  "which the model's config does not set",
-    "exp_avg": "no optimizer was passed, or it holds no Adam moments",
-    "exp_avg_sq": "no optimizer was passed, or it holds no Adam moments",
-    "loss": "the model's output is not a per-token loss (call it with labels)",
-    "act": "no activation module of a GPT model was found",
-    "act_grad": "no activation that requires a gradient was found",
-}
 
 
 @dataclass(frozen=True)
@@ -71,7 +58,7 @@ class SiteRegistry:
             if self.sites is not None:
                 raise RuntimeError(f"site {site} first appeared after the first recorded step; "
                                    "every recorded step must see the same sites")
-            stage = -self._ranks.pp_rank if kind in _BACKWARD_KINDS else self._ranks.pp_rank
+            stage = -self._ranks.pp_rank if KINDS[kind].phase == "backward" else self._ranks.pp_rank
             expert = expert_of(name)
             # EP ranks see different experts at the same position: a layer's experts are ordered
             # by global index from the position where the first of them was seen.
@@ -112,7 +99,7 @@ def _why_missing(kind: str, optimizer_passed: bool) -> str:
     """The likely reason that no site of ``kind`` was seen (the site filter may also exclude them all)."""
     if kind == "grad" and optimizer_passed:
         return "the optimizer's step did not run in the first recorded step, or no parameter had a gradient"
-    return _WHY_MISSING.get(kind, "never produced") + " (or the site filter excludes all its sites)"
+    return KINDS[kind].why_missing + " (or the site filter excludes all its sites)"
 
 
 def _layer_number(name: str) -> int:

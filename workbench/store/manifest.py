@@ -118,6 +118,16 @@ class RunManifest:
     """The producer's own configuration, opaque (Megatron-LM's args, a user's dict)."""
     config: Mapping[str, Any] | None = None
     """The workbench runner's ``RunConfig`` as a mapping; None for any other producer."""
+    config_hash: str | None = None
+    """The runner's ``RunConfig.numerics_hash``: equal for two runs of one configuration."""
+    resumes: tuple[int, ...] = ()
+    """The steps the run was resumed at from a checkpoint (``workbench run --resume``)."""
+    fault: str | None = None
+    """The injected fault (``FaultConfig.describe``); None for a run without one."""
+    replay: Mapping[str, Any] | None = None
+    """For a replay (``workbench replay``/``bisect``): the replayed step and where it started from."""
+    started_from: Mapping[str, Any] | None = None
+    """For a run started from another's checkpoint: that run, its id and the step."""
 
     def configuration(self) -> str:
         """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
@@ -246,7 +256,10 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         run_id=run_id, name=name, producer=producer, model=model, layout=parse_layout(attrs.get("layout"), source),
         precision=_require(attrs, "precision", str, source, optional=True), deterministic=deterministic, seed=seed,
         determinism=_require(attrs, "determinism", Mapping, source, optional=True) or {},
-        user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config)
+        user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config,
+        config_hash=attrs.get("config_hash"), resumes=tuple(attrs.get("resumes") or ()),  # FACTS checked them
+        fault=None if attrs.get("fault") in (None, "none") else attrs["fault"], replay=attrs.get("replay"),
+        started_from=attrs.get("started_from"))
 
 
 def _text(value: Any) -> bool:
@@ -331,6 +344,11 @@ def manifest_fields(info: RunManifest) -> dict[str, Any]:
                            "user_config": dict(info.user_config) if info.user_config is not None else None}
     if info.config is not None:
         out["config"] = dict(info.config)
+    facts = {"config_hash": info.config_hash, "fault": info.fault, "replay": info.replay,
+             "started_from": info.started_from}
+    out.update({name: dict(v) if isinstance(v, Mapping) else v for name, v in facts.items() if v is not None})
+    if info.resumes:
+        out["resumes"] = list(info.resumes)
     return out
 
 
@@ -347,7 +365,7 @@ def new_run_id(name: str) -> str:
 def store_attributes(info: RunManifest, *, status: Status, **facts: Any) -> dict[str, Any]:
     """The attributes of a new store: ``info``'s fields, when it started, its status, no resume yet,
     and the producer's further ``facts`` (each a field of its own)."""
-    return {**manifest_fields(info), "started_at": now(), "status": status, "resumes": [], **facts}
+    return {"resumes": [], **manifest_fields(info), "started_at": now(), "status": status, **facts}
 
 
 def library_versions() -> dict[str, str | None]:

@@ -292,7 +292,7 @@ class Run:
                                      layout.STAT_DIM: self._stat_names(group)})
         return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
                           model=self.info.model.shape() if self.info.model else {}, status=self.status,
-                          resumes=tuple(self.manifest.get("resumes") or ()), scalars=self.scalars)
+                          resumes=self.info.resumes, scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""

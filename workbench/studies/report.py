@@ -52,9 +52,9 @@ PRINT_FULL_PAGE = 1000
 def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
     """Pairs worth a heatmap: repeats against their first repeat, then every other run against the reference."""
     pairs: list[tuple[str, str]] = []
-    for first, *rest in ws.repeat_groups:
+    for first, *rest in ws.roles.repeat_groups:
         pairs += [(first, other) for other in rest]
-    pairs += [(ws.reference, n) for n in ws.recorded if n != ws.reference and n not in ws.repeats]
+    pairs += [(ws.roles.reference, n) for n in ws.recorded if n != ws.roles.reference and n not in ws.roles.repeats]
     return pairs[:MAX_PAIRS]
 
 
@@ -89,7 +89,7 @@ def _anomaly_html(found: pd.DataFrame) -> str:
 
 def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     """Figures by file-safe name, in reading order."""
-    figures = {"loss": trajectory_figure(ws.scalar("loss"), reference=ws.reference, floor=ws.scalar_floor("loss"),
+    figures = {"loss": trajectory_figure(ws.scalar("loss"), reference=ws.roles.reference, floor=ws.scalar_floor("loss"),
                                          provenance=ws.provenance(), title="loss of every run",
                                          anomalies=anomaly_table(ws))}
     for a, b in comparison_pairs(ws):
@@ -102,9 +102,9 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
             if differences and not all(d.identical for d in differences.values()):
                 figures[f"elementwise-{a}-vs-{b}-step{step}"] = elementwise_figure(
                     differences, step=step, a=a, b=b, provenance=ws.provenance([a, b]))
-    if ws.others:
-        figures["ladder"] = ladder_figure(ws.ladder(ws.others), noise=ws.noise_ladder(),
-                                          provenance=ws.provenance([ws.reference, *ws.others]))
+    if ws.roles.others:
+        figures["ladder"] = ladder_figure(ws.ladder(ws.roles.others), noise=ws.noise_ladder(),
+                                          provenance=ws.provenance([ws.roles.reference, *ws.roles.others]))
     cost = ws.cost()
     if not cost.empty:
         figures["cost"] = cost_figure(cost, provenance=ws.provenance())

@@ -105,12 +105,12 @@ def summarise_study(directory: str | Path) -> StudySummary:
 def summarise(ws: Workspace) -> StudySummary:
     """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
-    reference = ws.reference
-    findings = study_findings(records, reference, ws.repeat_groups, comparison=ws.comparison) \
+    reference = ws.roles.reference
+    findings = study_findings(records, reference, ws.roles.repeat_groups, comparison=ws.comparison) \
         if reference in records else []
-    comparisons = ws.ladder(ws.others) if reference in records and ws.others else None
+    comparisons = ws.ladder(ws.roles.others) if reference in records and ws.roles.others else None
     step, scales = ws.scales("val_loss")
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
-                        floor_runs=ws.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
+                        floor_runs=ws.roles.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
                         scales_step=step, sources=ws.attribution() if reference in records else pd.DataFrame(),
                         on_cpu=ws.on_cpu)

@@ -2,24 +2,18 @@
 the study summary and the report read from.
 
     ws = Workspace.open("data/runs/demo")
-    ws.names, ws.reference, ws.floor_runs             # roles, found from the runs' configs
+    ws.names, ws.roles.reference, ws.roles.floor_runs # roles, found from the runs' manifests
     ws.comparison("det-r0", "tp2")                    # cached analysis.compare
     ws.scalar("loss"), ws.scalar_floor("loss")        # per-run Series, noise-floor envelope
-    ws.seed_runs, ws.scalar_seed_spread("val_loss")   # runs that differ only in seed, their envelope
+    ws.roles.seed_runs, ws.scalar_seed_spread("loss") # runs that differ only in seed, their envelope
     ws.provenance(["det-r0", "tp2"])                  # for figure footers
     ws.anomalies("tp2")                               # cached analysis.anomalies.find_anomalies
 
 Opening reads manifests and fingerprints; statistics stay lazy until a result needs them, or
 until ``preload`` reads them in the background (the widgets do, for the runs they show).
-The roles come from the manifests, whoever produced the runs, never from their names: the
-*reference* is preferably deterministic, fp32, on one process and repeated (in that order
-of preference; ties by name); *repeats* are runs of one configuration (``repeat_key``); the *noise
-floor* runs are the largest group of nondeterministic repeats (with every nondeterminism source off,
-where there are such repeats), plus the reference when it differs from them only in determinism; the
-*seed runs* are runs of one configuration with two or more seeds (the reference's, where it has other
-seeds), the second scale a difference is judged against; the *source runs* are the other
-nondeterministic runs of the reference's configuration, by the sources they had on (an attribution
-study: ``attribution``).
+The roles (``ws.roles``: reference, repeats, noise floor, seed runs, source runs, ...) are a pure
+function of the manifests (``studies.roles.find_roles``); the workspace holds the caches, behind one
+lock, and hands the analysis to the free functions of ``analysis/``.
 """
 
 from __future__ import annotations
@@ -29,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -43,19 +38,21 @@ from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
-from workbench.analysis.sources import attribution, source_cost, source_label
+from workbench.analysis.sources import attribution, source_cost
 from workbench.analysis.sweep import SweepMatrix, sweep_matrix
-from workbench.determinism import sources_on
-from workbench.errors import ArgumentError, RunNotFoundError, WorkbenchError
+from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.store import layout
 from workbench.store.manifest import RUNNER, Provenance
 from workbench.store.reader import Run, find_runs, open_run
 from workbench.store.records import RunRecords
+from workbench.studies.roles import Roles, find_roles
 
 DEMO_RUNS = Path("data/runs/demo")
 PRELOAD_ENV = "WORKBENCH_PRELOAD_MB"
 DEFAULT_PRELOAD_MB = 2048
 """How much memory ``Workspace.preload`` may fill with statistics read ahead in the background."""
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def runs_dir() -> Path:
@@ -67,32 +64,6 @@ def runs_dir() -> Path:
         if (folder / "pyproject.toml").is_file():
             return folder / DEMO_RUNS
     return DEMO_RUNS
-
-
-def repeat_key(run: Run, *, seed: bool = True) -> tuple[object, ...] | None:
-    """What two repeats of one configuration share; None for a run that repeats nothing (resumed,
-    faulted, replayed, or imported without a model signature and seed). Without ``seed``: what
-    runs that differ only in their seed share.
-
-    The runner's runs: the hash of their numerics config (everything but the name). Any other
-    producer: model signature, layout, precision, determinism, seed and (where recorded) the
-    nondeterminism sources that were on.
-    """
-    manifest, info = run.manifest, run.info
-    if manifest.get("resumes") or manifest.get("fault", "none") != "none" or manifest.get("replay"):
-        return None
-    if info.producer == RUNNER and isinstance(manifest.get("config_hash"), str):
-        if seed:
-            return ("config", manifest["config_hash"])
-        try:
-            return ("config", run.config.numerics_hash(seed=False))
-        except WorkbenchError:  # a config this version cannot read: it is nobody's other seed
-            return None
-    if info.model is None or info.seed is None or info.deterministic is None:
-        return None
-    sources = sources_on(info.determinism) if info.determinism.get("sources") else None
-    return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
-            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []))
 
 
 class Workspace:
@@ -111,6 +82,8 @@ class Workspace:
         self._ahead: list[threading.Thread] = []
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
         self._ahead_bytes = self._preload_bytes
+        self._lock = threading.Lock()
+        """Guards the caches above: the background reads (``preload``, ``read_ahead``) fill them too."""
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -125,7 +98,7 @@ class Workspace:
                 if not found:
                     raise RunNotFoundError(f"{path}: neither a run nor a folder of runs (no run.zarr under it)")
                 # Replays (``workbench replay``/``bisect``) repeat part of a run: opened only when named.
-                folders += [f for f in found if not open_run(f).manifest.get("replay")]
+                folders += [f for f in found if open_run(f).info.replay is None]
             else:
                 raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
                                        "(or `workbench demo`)")
@@ -143,163 +116,53 @@ class Workspace:
         """Runs with per-site records."""
         return [n for n, r in self.runs.items() if r.has_sites]
 
+    def _cached(self, cache: dict[K, V], key: K, compute: Callable[[], V]) -> V:
+        """``cache[key]``, computed outside the lock when missing (two threads asking at once may both compute
+        it: the value kept is the first one stored, so that every caller sees the same object)."""
+        with self._lock:
+            if key in cache:
+                return cache[key]
+        value = compute()
+        with self._lock:
+            return cache.setdefault(key, value)
+
     def records(self, name: str) -> RunRecords:
-        if name not in self._records:
-            if name not in self.runs:
-                raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
-            self._records[name] = self.runs[name].records()  # NoSitesError for a run without records
-        return self._records[name]
+        if name not in self.runs:
+            raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
+        return self._cached(self._records, name, self.runs[name].records)  # NoSitesError without records
 
     def anomalies(self, name: str, rules: AnomalyRules | None = None) -> pd.DataFrame:
         """``analysis.anomalies.find_anomalies`` of one run (from its scalars alone if it has no records); cached."""
         rules = rules or AnomalyRules()
-        if (name, rules) not in self._anomalies:
-            records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
-            self._anomalies[(name, rules)] = find_anomalies(self.scalars(name), records, rules)
-        return self._anomalies[(name, rules)]
+        records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
+        return self._cached(self._anomalies, (name, rules), lambda: find_anomalies(self.scalars(name), records, rules))
 
     def sweep_matrix(self, names: Iterable[str] | None = None) -> SweepMatrix:
         """The first divergent step of every pair of ``names`` (default: every recorded run)."""
         return sweep_matrix(list(names) if names is not None else self.recorded, self.comparison)
 
     def comparison(self, a: str, b: str) -> Comparison:
-        if (a, b) not in self._comparisons:
-            self._comparisons[(a, b)] = compare(self.records(a), self.records(b))
-        return self._comparisons[(a, b)]
+        """``analysis.compare`` of two runs; cached."""
+        return self._cached(self._comparisons, (a, b), lambda: compare(self.records(a), self.records(b)))
 
     # -- roles -----------------------------------------------------------------------
 
     @cached_property
-    def repeat_groups(self) -> list[list[str]]:
-        """Recorded runs of one configuration, two or more per group, each in name order."""
-        groups: dict[tuple[object, ...], list[str]] = {}
-        for name in sorted(self.recorded):
-            key = repeat_key(self.runs[name])
-            if key is not None:
-                groups.setdefault(key, []).append(name)
-        return [group for group in groups.values() if len(group) > 1]
-
-    @cached_property
-    def repeats(self) -> set[str]:
-        """Runs that repeat an earlier run of their group (the group's first is not among them)."""
-        return {name for group in self.repeat_groups for name in group[1:]}
-
-    @cached_property
-    def reference(self) -> str:
-        candidates = [n for n in self.recorded if not self.runs[n].manifest.get("resumes") and n not in self.faulted]
-
-        def preference(name: str) -> tuple[bool, bool, bool, bool, str]:
-            # deterministic, fp32, one process, with a repeat that shows it reproducible; then by name
-            info = self.runs[name].info
-            return (info.deterministic is not True, info.precision != "fp32", info.layout.world_size != 1,
-                    self.repeat_of(name) is None, name)
-
-        return min(candidates or self.recorded or self.names, key=preference)
-
-    @cached_property
-    def floor_runs(self) -> list[str]:
-        groups = [g for g in self.repeat_groups if self.runs[g[0]].info.deterministic is False]
-        all_off = [g for g in groups if self.sources_of(g[0]) == []]  # an attribution study's floor: every source off
-        runs = max(all_off or groups, key=len, default=[])
-        if runs and self.reference in self.recorded and \
-                self.runs[self.reference].info.configuration() == self.runs[runs[0]].info.configuration():
-            runs = [self.reference, *runs]
-        return runs if len(runs) >= 2 else []
-
-    @cached_property
-    def seed_runs(self) -> list[str]:
-        """Runs of one configuration with two or more seeds (the seed-to-seed spread), in name order: the
-        reference's configuration if it has other seeds, else the largest such group; empty if none."""
-        groups: dict[tuple[object, ...], list[str]] = {}
-        for name in sorted(self.names):
-            key = repeat_key(self.runs[name], seed=False)
-            if key is not None:
-                groups.setdefault(key, []).append(name)
-        seeded = [g for g in groups.values() if len({self.runs[n].info.seed for n in g}) >= 2]
-        with_reference = [g for g in seeded if self.reference in g]
-        return (with_reference or sorted(seeded, key=len, reverse=True) or [[]])[0]
-
-    @property
-    def nondeterministic_repeats(self) -> list[str]:
-        """The noise floor's nondeterministic runs (two or more, or none)."""
-        return [n for n in self.floor_runs if self.runs[n].info.deterministic is False]
-
-    def repeat_of(self, name: str) -> str | None:
-        """Another run of ``name``'s repeat group, or None."""
-        group = next((g for g in self.repeat_groups if name in g), [])
-        return next((n for n in group if n != name), None)
-
-    def divergence_pair(self) -> tuple[str, str] | None:
-        """Two runs worth exploring: two nondeterministic repeats; else the reference and its repeat, or the
-        first other recorded run; None with fewer than two recorded runs."""
-        nondeterministic = self.nondeterministic_repeats
-        if len(nondeterministic) >= 2:
-            return nondeterministic[0], nondeterministic[1]
-        other = self.repeat_of(self.reference) or next((n for n in self.recorded if n != self.reference), None)
-        return (self.reference, other) if other else None
+    def roles(self) -> Roles:
+        """What each run is for (``studies.roles``), from the manifests alone."""
+        return find_roles({name: run.info for name, run in self.runs.items()}, self.recorded)
 
     def trained_here(self, name: str) -> bool:
         """Whether the workbench's runner trained ``name`` (so that replay and bisect can retrain it)."""
         return self.runs[name].info.producer == RUNNER
 
-    @property
-    def resumed(self) -> list[str]:
-        return [n for n in self.recorded if self.runs[n].manifest.get("resumes")]
-
-    @property
-    def faulted(self) -> list[str]:
-        """Runs with an injected fault (config ``fault``): anomaly, replay and bisect material."""
-        return [n for n, r in self.runs.items() if r.manifest.get("fault", "none") != "none"]
-
-    def faulted_run(self) -> str:
-        """The first run with an injected fault; ``RunNotFoundError`` if there is none."""
-        if not self.faulted:
-            raise RunNotFoundError(f"no run with an injected fault among {', '.join(self.names)}; the demo's "
-                                   "`fault` run is made by `make demo` (or give a run config a [fault] table)")
-        return self.faulted[0]
-
-    @property
-    def others(self) -> list[str]:
-        """Recorded runs that are neither the reference, a repeat, another seed, a source run, an all-off run
-        of the reference's configuration, resumed nor faulted: precision and layout changes."""
-        return [n for n in self.recorded if n != self.reference and n not in self.floor_runs
-                and n not in self.repeats and n not in self.resumed and n not in self.faulted
-                and n not in self.seed_runs and n not in self.source_runs and n not in self.all_off_runs]
-
-    def sources_of(self, name: str) -> list[str] | None:
-        """The nondeterminism sources that were on in a run (``workbench.determinism.sources_on``)."""
-        return sources_on(self.runs[name].info.determinism or {"deterministic": self.runs[name].info.deterministic})
-
-    @cached_property
-    def source_runs(self) -> dict[str, str]:
-        """Run -> the sources it had on (``a+b``): the nondeterministic recorded runs of the reference's
-        configuration outside the noise floor, with the sources they had on known. An attribution study runs
-        each source alone."""
-        if self.reference not in self.recorded:
-            return {}
-        configuration = self.runs[self.reference].info.configuration()
-        found = {}
-        for name in self.recorded:
-            info, sources = self.runs[name].info, self.sources_of(name)
-            if info.deterministic is False and sources and name not in self.floor_runs and name != self.reference \
-                    and info.configuration() == configuration and repeat_key(self.runs[name]) is not None:
-                found[name] = source_label(sources)
-        return found
-
-    @cached_property
-    def all_off_runs(self) -> list[str]:
-        """Runs of the reference's configuration with every source off (deterministic ones included)."""
-        configuration = self.runs[self.reference].info.configuration()
-        return [n for n, r in self.runs.items() if n not in self.faulted and not r.manifest.get("resumes")
-                and r.info.configuration() == configuration and self.sources_of(n) == []]
-
     def attribution(self, *, stat: str = "l2", warmup: int = 2, interval: float = 95.0) -> pd.DataFrame:
         """``analysis.sources.attribution``: the first run of each source against the reference, with the noise
         floor, and what the source costs in tokens/s (``source_cost``); empty without source runs."""
-        if not self.source_runs:
+        if not self.roles.source_runs:
             return pd.DataFrame(columns=SOURCE_COLUMNS)
         first: dict[str, str] = {}  # the first run of each source: its row
-        for name, label in sorted(self.source_runs.items()):
+        for name, label in sorted(self.roles.source_runs.items()):
             first.setdefault(label, name)
         summary = self.ladder(list(first.values()), stat=stat).summary
         cost = self.source_cost(warmup=warmup, interval=interval)
@@ -310,9 +173,9 @@ class Workspace:
         configuration, in tokens/s or (``measure="step_time"``) steps/s; empty without both."""
         _check_measure(measure)
         rates: dict[str, list[np.ndarray]] = {}
-        for name, label in self.source_runs.items():
+        for name, label in self.roles.source_runs.items():
             rates.setdefault(label, []).append(self._rate(name, measure))
-        baseline = [self._rate(n, measure) for n in self.all_off_runs] if rates else []
+        baseline = [self._rate(n, measure) for n in self.roles.all_off_runs] if rates else []
         if not baseline:
             return pd.DataFrame(columns=COST_COLUMNS)
         return source_cost(rates, baseline, warmup=warmup, interval=interval)
@@ -326,19 +189,8 @@ class Workspace:
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
-        return noise_floor([self.records(n) for n in self.floor_runs]) if self.floor_runs else None
-
-    @property
-    def precision_runs(self) -> list[str]:
-        """Other runs computing in another precision than the reference."""
-        ref = self.runs[self.reference].info.precision
-        return [n for n in self.others if self.runs[n].info.precision != ref]
-
-    @property
-    def layout_runs(self) -> list[str]:
-        """Other runs with another TP / PP / DP layout than the reference."""
-        ref = self.runs[self.reference].info.layout
-        return [n for n in self.others if self.runs[n].info.layout != ref]
+        """The noise floor of the noise-floor runs' records (``analysis.growth.noise_floor``); None without them."""
+        return noise_floor([self.records(n) for n in self.roles.floor_runs]) if self.roles.floor_runs else None
 
     # -- analysis over several runs ----------------------------------------------------
 
@@ -346,7 +198,7 @@ class Workspace:
                floor: bool = True) -> Ladder:
         """``names`` against the reference (default: the workspace's), per layer, with the noise floor; from
         the cached comparisons and statistics."""
-        reference, names = reference or self.reference, list(names)
+        reference, names = reference or self.roles.reference, list(names)
         for name in names:
             self.relative_difference(reference, name, stat)  # fills the comparison's cache from stat_values
         return ladder(self.records(reference), [self.records(n) for n in names], floor=self.floor if floor else None,
@@ -354,15 +206,15 @@ class Workspace:
 
     def noise_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
         """The noise-floor runs against the reference: how far apart mere repeats drift."""
-        reference = reference or self.reference
-        repeats = [n for n in self.floor_runs if n != reference]
+        reference = reference or self.roles.reference
+        repeats = [n for n in self.roles.floor_runs if n != reference]
         return self.ladder(repeats, reference=reference, stat=stat, floor=False) if repeats else None
 
     def seed_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
         """The other seeds against the reference (or, when the reference has none, against the first of the
         seed runs): how far apart runs that differ only in their seed are, layer by layer."""
-        recorded = [n for n in self.seed_runs if n in self.recorded]
-        base = reference or self.reference
+        recorded = [n for n in self.roles.seed_runs if n in self.recorded]
+        base = reference or self.roles.reference
         base = base if base in recorded else (recorded[0] if recorded else base)
         seed = self.runs[base].info.seed
         others = [n for n in recorded if self.runs[n].info.seed != seed]
@@ -376,7 +228,7 @@ class Workspace:
         wanted = set(configs) if configs is not None else None
         samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), self._rate(name, measure))
                    for name, run in self.runs.items()
-                   if name not in self.faulted and run.info.deterministic is not None
+                   if name not in self.roles.faulted and run.info.deterministic is not None
                    and (wanted is None or run.info.configuration() in wanted)]
         return determinism_cost(samples, warmup=warmup, interval=interval)
 
@@ -388,40 +240,39 @@ class Workspace:
     def scales(self, column: str = "val_loss", names: Iterable[str] | None = None) -> tuple[int | None, pd.DataFrame]:
         """``analysis.scales.judge_against_scales`` of ``column`` at the last step where the reference, the
         runs (default: ``others``), the noise-floor and the seed runs all have a value; (None, empty) if none."""
-        names = list(names) if names is not None else self.others
-        involved = list(dict.fromkeys([self.reference, *names, *self.floor_runs, *self.seed_runs]))
+        names = list(names) if names is not None else self.roles.others
+        involved = list(dict.fromkeys([self.roles.reference, *names, *self.roles.floor_runs, *self.roles.seed_runs]))
         table = pd.DataFrame(self.scalar(column, involved)).dropna()
         if table.empty or not names:
-            return None, judge_against_scales({}, reference=self.reference, runs=[], floor_runs=[], seed_runs=[])
+            return None, judge_against_scales({}, reference=self.roles.reference, runs=[], floor_runs=[], seed_runs=[])
         step = int(table.index[-1])
         final = {name: float(table.loc[step, name]) for name in involved}
-        return step, judge_against_scales(final, reference=self.reference, runs=names, floor_runs=self.floor_runs,
-                                          seed_runs=self.seed_runs)
+        roles = self.roles
+        return step, judge_against_scales(final, reference=roles.reference, runs=names, floor_runs=roles.floor_runs,
+                                          seed_runs=roles.seed_runs)
 
     @property
     def configurations(self) -> list[str]:
         """The configurations (apart from the determinism switch) of the runs, for the cost view."""
-        return sorted({r.info.configuration() for n, r in self.runs.items() if n not in self.faulted})
+        return sorted({r.info.configuration() for n, r in self.runs.items() if n not in self.roles.faulted})
 
     # -- views -----------------------------------------------------------------------
 
     def scalar(self, column: str = "loss", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
         """One per-step scalar (``loss``, ``grad_norm``, ``step_time`` ...) of each run."""
-        return {n: self.scalars(n)[column] for n in (names or self.names)}
+        return {n: self.scalars(n)[column] for n in (self.names if names is None else names)}
 
     def scalars(self, name: str) -> pd.DataFrame:
         """``Run.scalars`` of one run, read once (a workspace is a view of its runs as they were when opened)."""
-        if name not in self._scalars:
-            self._scalars[name] = self.runs[name].scalars
-        return self._scalars[name]
+        return self._cached(self._scalars, name, lambda: self.runs[name].scalars)
 
     def scalar_floor(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of a scalar over the noise-floor runs."""
-        return self.scalar_band(column, self.floor_runs)
+        return self.scalar_band(column, self.roles.floor_runs)
 
     def scalar_seed_spread(self, column: str = "loss") -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of a scalar over the seed runs: the seed-to-seed spread."""
-        return self.scalar_band(column, self.seed_runs)
+        return self.scalar_band(column, self.roles.seed_runs)
 
     def scalar_band(self, column: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step, over the runs that have a value) of a scalar; None for no runs."""
@@ -433,12 +284,11 @@ class Workspace:
         is read now (a figure does not wait for every statistic: reading them all takes ~3x longer), unless
         the background read of them all (``preload``) is under way: each chunk holds every statistic, so a
         second read beside it would only slow both down."""
-        if (name, stat) not in self._stat_values:
-            if name in self._loading:
-                self._loading[name].join()
-            if (name, stat) not in self._stat_values:  # not preloaded, or the background read failed
-                self._stat_values[(name, stat)] = self.records(name).stats.sel(stat=stat).load()
-        return self._stat_values[(name, stat)]
+        loading = self._loading.get(name)
+        if loading is not None:
+            loading.join()
+        # not preloaded, or the background read failed: read it now
+        return self._cached(self._stat_values, (name, stat), lambda: self.records(name).stats.sel(stat=stat).load())
 
     def preload(self, names: Iterable[str]) -> list[str]:
         """Read every statistic of the recorded runs among ``names`` into memory in the background, one pass
@@ -484,7 +334,9 @@ class Workspace:
 
     def derived_bytes(self) -> int:
         """Memory held by the relative differences the cached comparisons computed."""
-        return sum(c.relative_bytes() for c in list(self._comparisons.values()))
+        with self._lock:
+            comparisons = list(self._comparisons.values())
+        return sum(c.relative_bytes() for c in comparisons)
 
     def preloaded(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout`` seconds each) for the background reads and read-aheads; whether they have all
@@ -500,7 +352,9 @@ class Workspace:
         except Exception:  # noqa: BLE001 - a damaged store: stat_values reads it again and raises in the caller
             return
         for stat in stats["stat"].to_numpy().tolist():
-            self._stat_values.setdefault((name, str(stat)), stats.sel(stat=stat).copy())
+            values = stats.sel(stat=stat).copy()
+            with self._lock:
+                self._stat_values.setdefault((name, str(stat)), values)
 
     def relative_difference(self, a: str, b: str, stat: str) -> xr.DataArray:
         """``comparison(a, b).relative(stat)``, computed (once) from the cached statistics of the two runs."""
@@ -509,7 +363,7 @@ class Workspace:
     def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
         """One statistic of one site over steps, per run (from the cached ``stat_values``)."""
         series = {}
-        for name in names or self.recorded:
+        for name in self.recorded if names is None else names:
             values = self.stat_values(name, stat)
             if site in values.indexes["site"]:
                 series[name] = values.sel(site=site).to_series()
@@ -529,12 +383,12 @@ class Workspace:
                                           self.runs[a].snapshot_dtype(step, s)) for s in wanted}
 
     def provenance(self, names: Iterable[str] | None = None) -> Provenance:
-        chosen = list(names or self.names)
-        runs = [self.runs[n] for n in chosen]
+        runs = [self.runs[n] for n in (self.names if names is None else names)]
         revisions = sorted({str(r.manifest.get("git_revision")) for r in runs if r.manifest.get("git_revision")})
         return Provenance(runs=tuple(r.run_id for r in runs),
                           configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
-                          schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)),
+                          schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)
+                                             if runs else layout.SCHEMA_VERSION),
                           revision=", ".join(revisions) or None)
 
 

@@ -24,12 +24,11 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.ladder import layer_label
 from workbench.errors import WorkbenchError
 from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
-from workbench.sites import SITE_KINDS, layer_of, site_matcher, split_site
+from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, Exported, open_workspace, show
@@ -93,9 +92,9 @@ class DivergenceExplorer(widgets.VBox):
         if workspace is None:
             return
         self.workspace, self._matrices, self.selected = workspace, {}, None
-        reference = reference or workspace.reference
+        reference = reference or workspace.roles.reference
         candidates = [n for n in workspace.recorded if n != reference]
-        first_other = other or next((n for n in workspace.others + workspace.floor_runs if n != reference),
+        first_other = other or next((n for n in workspace.roles.others + workspace.roles.floor_runs if n != reference),
                                     candidates[0])
         self._quiet = True
         self.reference.options, self.reference.value = workspace.recorded, reference

@@ -22,8 +22,9 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from workbench.analysis.ladder import Ladder, layer_order
+from workbench.analysis.ladder import Ladder
 from workbench.figures.studies import ladder_figure
+from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
 from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import ExportBar, open_workspace, show
@@ -73,7 +74,7 @@ class LadderWidget(widgets.VBox):
             return
         ws, reference = self.workspace, self.reference.value
         names = tuple(n for n in self.runs.value if n != reference)
-        ws.preload([reference, *names, *ws.floor_runs, *ws.seed_runs])
+        ws.preload([reference, *names, *ws.roles.floor_runs, *ws.roles.seed_runs])
         ws.read_ahead([partial(_ladder_of, ws, self._ladders, self._bands, reference, names, stat)
                        for stat in self.stat.options if stat != self.stat.value and names])
 
@@ -82,11 +83,11 @@ class LadderWidget(widgets.VBox):
         if workspace is None:
             return
         self.directory, self.workspace, self._ladders, self._bands = str(directory), workspace, {}, {}
-        self.reference.options, self.reference.value = workspace.recorded, workspace.reference
+        self.reference.options, self.reference.value = workspace.recorded, workspace.roles.reference
         self.runs.options = [n for n in workspace.recorded]
-        chosen = runs or workspace.others or [n for n in workspace.recorded if n != workspace.reference][:3]
-        self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.reference)
-        numbered = [int(lb[1:]) for lb in self._labels(workspace) if lb[0] == "L" and lb[1:].isdigit()]
+        chosen = runs or workspace.roles.others or [n for n in workspace.recorded if n != workspace.roles.reference][:3]
+        self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.roles.reference)
+        numbered = [n for n in map(labelled_layer, self._labels(workspace)) if n is not None]
         self.layers.max, self.layers.min = max(numbered, default=0), 0
         self.layers.value = (0, max(numbered, default=0))
         if not self._quiet:  # opened again later: its ladder is drawn by now
@@ -94,13 +95,12 @@ class LadderWidget(widgets.VBox):
 
     @staticmethod
     def _labels(workspace: Workspace) -> list[str]:
-        from workbench.analysis.ladder import layer_label
-
-        return layer_order(sorted({layer_label(s) for s in workspace.records(workspace.reference).sites}))
+        return layer_order(sorted({layer_label(s) for s in workspace.records(workspace.roles.reference).sites}))
 
     def _kept(self, label: str) -> bool:
-        if label[0] == "L" and label[1:].isdigit():
-            return self.layers.value[0] <= int(label[1:]) <= self.layers.value[1]
+        layer = labelled_layer(label)
+        if layer is not None:
+            return bool(self.layers.value[0] <= layer <= self.layers.value[1])
         return bool(self.outside_layers.value)
 
     def update(self) -> None:
@@ -148,9 +148,10 @@ class LadderWidget(widgets.VBox):
             self.explorer.open_runs(self.directory, reference=reference, other=run)
         explorer = self.explorer
         explorer.stat.value = self.stat.value
-        if layer[0] == "L" and layer[1:].isdigit():
+        number = labelled_layer(layer)
+        if number is not None:
             explorer.site_glob.value = "*"
-            explorer.layers.value = (int(layer[1:]), int(layer[1:]))
+            explorer.layers.value = (number, number)
             explorer.outside_layers.value = False
         else:
             explorer.outside_layers.value = True

@@ -81,7 +81,8 @@ class TrajectoryWidget(widgets.VBox):
             return
         quiet, self._quiet = self._quiet, True
         self.workspace = workspace
-        chosen = [n for n in (runs or [workspace.reference, *workspace.floor_runs, *workspace.others][:6])
+        roles = workspace.roles
+        chosen = [n for n in (runs or [roles.reference, *roles.floor_runs, *roles.others][:6])
                   if n in workspace.runs]
         self.runs.options = workspace.names
         self.runs.value = tuple(dict.fromkeys(chosen))
@@ -102,7 +103,7 @@ class TrajectoryWidget(widgets.VBox):
         background (once the first figure is drawn, so as not to slow it down)."""
         if self.workspace is not None:
             ws = self.workspace
-            ws.preload([*self.runs.value, *ws.floor_runs, *ws.seed_runs])
+            ws.preload([*self.runs.value, *ws.roles.floor_runs, *ws.roles.seed_runs])
 
     def series(self) -> dict[str, pd.Series]:
         """The plotted series, run name -> values by step, within the step range."""
@@ -127,8 +128,8 @@ class TrajectoryWidget(widgets.VBox):
         reference = self.reference.value if self.reference.value in series else next(iter(series))
         site_mode = self.quantity.value == SITE_STATISTIC
         quantity = f"{self.stat.value} of {self.site.value}" if site_mode else self.quantity.value
-        floor = self._band(self.workspace.floor_runs) if self.floor.value else None
-        seeds = self._band(self.workspace.seed_runs) if self.seeds.value else None
+        floor = self._band(self.workspace.roles.floor_runs) if self.floor.value else None
+        seeds = self._band(self.workspace.roles.seed_runs) if self.seeds.value else None
         marks = None
         if self.anomalies.value:
             tables = [self.workspace.anomalies(n).assign(run=n) for n in series]
