@@ -126,3 +126,19 @@ def test_the_ladder_widget_draws_the_seed_spread(study: Path) -> None:
     assert SEED_SPREAD in {t.name for t in widget.figure.data}
     widget.seeds.value = False
     assert SEED_SPREAD not in {t.name for t in widget.figure.data}
+
+
+def test_the_report_and_the_figure_verb_draw_both_bands(study: Path, tmp_path: Path) -> None:
+    """One view layer (``studies.views``): the report's loss trajectory and ladder carry the seed-to-seed spread
+    and the noise floor, as ``workbench figure`` and the widgets draw them."""
+    from workbench.cli import main
+    from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD
+    from workbench.studies.report import report_figures
+
+    figures = report_figures(Workspace.open(study))
+    for name in ("loss", "ladder"):
+        assert {SEED_SPREAD, NOISE_FLOOR} <= {trace.name for trace in figures[name].data}, name
+    for kind in ("trajectories", "ladder"):
+        out = tmp_path / f"{kind}.html"
+        assert main(["figure", kind, str(study), "-o", str(out), "--data", str(tmp_path / f"{kind}.csv")]) == 0
+        assert SEED_SPREAD in out.read_text() and (tmp_path / f"{kind}.csv").stat().st_size > 0

@@ -20,6 +20,7 @@ between them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +29,9 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.difference import FirstHit, first_true, relative_difference
-from workbench.errors import WorkbenchError
+from workbench.errors import IncomparableRunsError
 from workbench.sites import KINDS, split_site
 from workbench.store.records import RunRecords
-
-
-class IncomparableRunsError(WorkbenchError, ValueError):
-    """Two runs share no steps or sites, or train different model shapes."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +84,38 @@ class Comparison:
         last = self.relative(stat).isel(step=-1).to_series()
         return last.dropna().sort_values(ascending=False).head(count)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def summary(self, *, escape: Callable[[str], str] = str) -> str:
+        """What ``workbench compare`` prints: the common steps and sites, the first divergence, its origins, how
+        fast the gap grows and the largest differences; run and site names pass through ``escape``."""
+        from workbench.analysis.growth import amplification  # growth builds on comparisons
+
+        a, b = escape(self.a), escape(self.b)
+        lines = [f"warning: {escape(warning)}" for warning in self.warnings]
+        lines.append(f"{a} vs {b}: {len(self.common_steps)} common recorded steps, {len(self.common_sites)} common "
+                     "sites")
+        for label, only in (("only in " + a, self.only_in_a), ("only in " + b, self.only_in_b)):
+            if only["steps"] or only["sites"]:
+                lines.append(f"  {label}: {len(only['steps'])} steps, {len(only['sites'])} sites (not compared)")
+        if self.identical:
+            return "\n".join([*lines, "bitwise identical at every common step and site"])
+        lines += [f"first divergent step: {self.first_step}", f"first divergent site: {escape(str(self.first_site))}",
+                  f"origin sites at that step: {escape(', '.join(self.origin_sites))}",
+                  f"sites that ever differ: {len(self.frontier)} of {len(self.common_sites)}"]
+        growth = amplification(self)
+        if growth.rate == growth.rate:  # not NaN: at least two steps with a difference
+            lines.append(f"growth of the relative L2 difference after step {self.first_step}: {growth.rate:+.3f} "
+                         f"decades per step (median over sites: {growth.overall.loc[self.first_step]:.2e} at step "
+                         f"{self.first_step}, {growth.overall.iloc[-1]:.2e} at step {self.common_steps[-1]})")
+            if growth.saturation_step is not None:
+                lines.append(f"saturates at step {growth.saturation_step}, at {growth.plateau:.2e}")
+        lines.append("largest relative differences of the L2 norm at the last common step:")
+        lines += [f"  {value:10.3e}  {escape(site)}" for site, value in self.largest_differences().items()]
+        return "\n".join(lines)
+
+    def to_dict(self, *, growth: bool = False) -> dict[str, Any]:
+        """The result as JSON-ready data; with ``growth``, also how fast the gap grows (``growth.amplification``:
+        decades per step, the step it saturates at and its plateau; None where undefined)."""
+        out = {
             "a": self.a,
             "b": self.b,
             "identical": self.identical,
@@ -103,6 +130,17 @@ class Comparison:
             "largest_differences": {site: float(v) for site, v in self.largest_differences().items()},
             "warnings": self.warnings,
         }
+        if growth:
+            from workbench.analysis.growth import amplification
+
+            found = amplification(self)
+            out.update(growth_log10_per_step=_finite_or_none(found.rate), saturation_step=found.saturation_step,
+                       plateau=_finite_or_none(found.plateau))
+        return out
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
 
 
 def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:

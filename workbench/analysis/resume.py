@@ -20,11 +20,13 @@ lost or misplaced state shows orders of magnitude above it; ``FLOOR_FACTOR`` is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from workbench.analysis.compare import Comparison, IncomparableRunsError, compare
-from workbench.errors import ArgumentError
+from workbench.analysis.compare import Comparison, compare
+from workbench.errors import ArgumentError, IncomparableRunsError
+from workbench.store.reader import Run, open_run
 from workbench.store.records import RunRecords
 
 
@@ -67,6 +69,11 @@ class ResumeCheck:
             return True
         ratio = self.floor_ratio
         return None if ratio is None else ratio <= FLOOR_FACTOR
+
+    @property
+    def passed(self) -> bool:
+        """Within the noise floor where there is one, else bitwise identical: what ``resume-check`` exits 0 on."""
+        return bool(self.within_floor) if self.floor is not None else self.identical
 
     def summary(self) -> str:
         head = (f"resume check of {self.resumed} (resumed at step {self.from_step}) against {self.reference}: "
@@ -127,3 +134,16 @@ def resume_check(resumed: RunRecords, reference: RunRecords, *, from_step: int |
                        differing_sites=0 if first is None else first.count, gaps=gaps,
                        floor=floor.name if floor is not None else None,
                        floor_gaps=floor_gaps)
+
+
+def check_resumed_run(resumed: Run, reference: Run, *, from_step: int | None = None,
+                      floor: Run | None = None) -> ResumeCheck:
+    """``resume_check`` of two runs. The floor defaults to the run whose checkpoint ``resumed`` started from
+    (its manifest's ``started_from``, at another layout) where that folder still exists and is not ``reference``
+    itself: checked against the run it started from, there is no distance to measure a floor by."""
+    if floor is None and resumed.info.started_from is not None:
+        writer = Path(str(resumed.info.started_from.get("run")))
+        if writer.is_dir() and writer.resolve() != reference.path.resolve():
+            floor = open_run(writer)
+    return resume_check(resumed.records(), reference.records(), from_step=from_step,
+                        floor=floor.records() if floor is not None else None)

@@ -30,9 +30,9 @@ import plotly.offline
 from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure, divergence_heatmap
-from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure, sources_figure
+from workbench.figures.studies import elementwise_figure
 from workbench.figures.style import resized
-from workbench.figures.trajectories import trajectory_figure
+from workbench.studies import views
 from workbench.studies.summary import StudySummary, summarise
 from workbench.studies.workspace import Workspace
 
@@ -89,9 +89,7 @@ def _anomaly_html(found: pd.DataFrame) -> str:
 
 def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     """Figures by file-safe name, in reading order."""
-    figures = {"loss": trajectory_figure(ws.scalar("loss"), reference=ws.roles.reference, floor=ws.scalar_floor("loss"),
-                                         provenance=ws.provenance(), title="loss of every run",
-                                         anomalies=anomaly_table(ws))}
+    figures = {"loss": views.trajectories(ws, "loss", title="loss of every run", anomalies=anomaly_table(ws)).figure}
     for a, b in comparison_pairs(ws):
         result = ws.comparison(a, b)
         figures[f"heatmap-{a}-vs-{b}"] = divergence_heatmap(result, provenance=ws.provenance([a, b]))
@@ -103,14 +101,11 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
                 figures[f"elementwise-{a}-vs-{b}-step{step}"] = elementwise_figure(
                     differences, step=step, a=a, b=b, provenance=ws.provenance([a, b]))
     if ws.roles.others:
-        figures["ladder"] = ladder_figure(ws.ladder(ws.roles.others), noise=ws.noise_ladder(),
-                                          provenance=ws.provenance([ws.roles.reference, *ws.roles.others]))
-    cost = ws.cost()
-    if not cost.empty:
-        figures["cost"] = cost_figure(cost, provenance=ws.provenance())
-    sources = ws.attribution()
-    if not sources.empty:
-        figures["sources"] = sources_figure(sources, on_cpu=ws.on_cpu, provenance=ws.provenance())
+        figures["ladder"] = views.ladder(ws).figure
+    if not ws.cost().empty:
+        figures["cost"] = views.cost(ws).figure
+    if not ws.attribution().empty:
+        figures["sources"] = views.sources(ws).figure
     return figures
 
 

@@ -114,3 +114,15 @@ def summarise(ws: Workspace) -> StudySummary:
                         floor_runs=ws.roles.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
                         scales_step=step, sources=ws.attribution() if reference in records else pd.DataFrame(),
                         on_cpu=ws.on_cpu)
+
+
+def cost_summary(workspaces: list[Workspace]) -> str:
+    """The determinism tax per configuration over several studies (``Workspace.cost``), as ``workbench demo``
+    prints it after the studies' summaries."""
+    cost = pd.concat([ws.cost() for ws in workspaces], ignore_index=True)
+    table = cost[["config", "deterministic_tokens_per_s", "default_tokens_per_s", "tax_percent", "ci_low", "ci_high"]]
+    on_cpu = any(ws.on_cpu for ws in workspaces)
+    return (f"cost of deterministic mode per configuration, {'both' if len(workspaces) == 2 else 'all'} studies "
+            "(tokens/s; 95% bootstrap interval"
+            + ("; on this CPU the nondeterministic side differs only by the emulated atomics" if on_cpu else "")
+            + "):\n" + table.to_string(index=False, float_format=lambda x: f"{x:.1f}"))

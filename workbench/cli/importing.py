@@ -1,0 +1,51 @@
+"""The verbs that turn other tools' files into run stores: ``import-te``, ``import-megatron``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from workbench.cli._common import whole, writable_dir
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    for add in (_add_import_te, _add_import_megatron):
+        add(verbs)
+
+
+def _add_import_te(verbs: argparse._SubParsersAction) -> None:
+    te = verbs.add_parser("import-te", help="import Transformer Engine debug statistics logs into a run store")
+    te.add_argument("logs", type=Path, nargs="+", help="log files, or their nvdlfw_inspect_statistics_logs folder")
+    te.add_argument("--out", type=writable_dir, required=True, help="the run folder to create")
+    te.add_argument("--name", default=None, help="run name (default: the folder's name)")
+    te.set_defaults(func=_import_te)
+
+
+def _import_te(args: argparse.Namespace) -> int:
+    from workbench.importers import import_te_log
+
+    start = time.monotonic()
+    run_dir = import_te_log(args.logs, args.out, name=args.name)
+    print(f"imported {len(args.logs)} path(s) into {run_dir} in {time.monotonic() - start:.1f} s; "
+          f"compare it with another import: workbench compare {run_dir} OTHER")
+    return 0
+
+
+def _add_import_megatron(verbs: argparse._SubParsersAction) -> None:
+    mtb = verbs.add_parser("import-megatron", help="import Megatron-LM's TensorBoard scalars (lm loss, grad-norm, "
+                           "...) as a run")
+    mtb.add_argument("logdir", type=Path, help="the folder of events.out.tfevents.* files (--tensorboard-dir)")
+    mtb.add_argument("--out", type=writable_dir, required=True, help="the run folder to create")
+    mtb.add_argument("--name", default=None, help="run name (default: the folder's name)")
+    mtb.add_argument("--tokens-per-step", type=whole(1), default=None,
+                     help="global batch x sequence length, for tokens/s")
+    mtb.set_defaults(func=_import_megatron)
+
+
+def _import_megatron(args: argparse.Namespace) -> int:
+    from workbench.importers.megatron_tb import import_megatron_tensorboard
+
+    run_dir = import_megatron_tensorboard(args.logdir, args.out, name=args.name, tokens_per_step=args.tokens_per_step)
+    print(f"imported {args.logdir} into {run_dir}")
+    return 0

@@ -1,0 +1,192 @@
+"""The verbs that read run stores and say what they hold: ``ls``, ``study``, ``compare``, ``check``, ``golden``,
+``resume-check``, ``anomalies``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from workbench.cli._common import finite, print_safe, terminal_safe, whole, writable_file
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    for add in (_add_ls, _add_study, _add_compare, _add_check, _add_golden, _add_resume_check, _add_anomalies):
+        add(verbs)
+
+
+def _add_ls(verbs: argparse._SubParsersAction) -> None:
+    ls = verbs.add_parser("ls", help="list the runs under a folder")
+    ls.add_argument("directory", type=Path)
+    ls.set_defaults(func=_ls)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from workbench.store.reader import list_runs
+
+    table = list_runs(args.directory, on_skip=lambda path, err: print(
+        terminal_safe(f"workbench: skipped {path}: {err}"), file=sys.stderr))
+    if table.empty:
+        print(terminal_safe(f"no runs under {args.directory}"))
+        return 0
+    table = table.drop(columns=["path"]).map(lambda cell: terminal_safe(cell) if isinstance(cell, str) else cell)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0
+
+
+def _add_study(verbs: argparse._SubParsersAction) -> None:
+    study = verbs.add_parser("study", help="summarise a folder of runs: findings, noise floor, determinism cost")
+    study.add_argument("directory", type=Path)
+    study.set_defaults(func=_study)
+
+
+def _study(args: argparse.Namespace) -> int:
+    from workbench.studies.summary import summarise_study
+
+    print_safe(summarise_study(args.directory).text())
+    return 0
+
+
+def _add_compare(verbs: argparse._SubParsersAction) -> None:
+    cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site)")
+    cmp.add_argument("a", type=Path)
+    cmp.add_argument("b", type=Path)
+    cmp.add_argument("--json", action="store_true", help="print the result as JSON")
+    cmp.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from workbench.analysis import compare
+    from workbench.store.reader import open_run
+
+    result = compare(open_run(args.a).records(), open_run(args.b).records())
+    print(json.dumps(result.to_dict(growth=True), indent=1) if args.json else result.summary(escape=terminal_safe))
+    return 0
+
+
+def _add_check(verbs: argparse._SubParsersAction) -> None:
+    check = verbs.add_parser("check", help="check a run against a golden reference (exit 1 if it differs)")
+    check.add_argument("run", type=Path)
+    check.add_argument("--golden", type=Path, required=True, help="the reference: a run, or a golden-values JSON "
+                       "file (Megatron-LM's format or the workbench's, from `workbench golden`)")
+    check.add_argument("--steps", type=whole(1), default=None, help="check the reference's steps below N")
+    check.add_argument("--rtol", type=finite(0, inclusive=True), default=None,
+                       help="compare statistics within this relative tolerance instead of fingerprints bitwise")
+    check.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from workbench.analysis import golden_check
+    from workbench.store.reader import open_run
+
+    run = open_run(args.run)
+    if args.golden.suffix == ".json" or args.golden.is_file():  # a golden-values file, either format
+        from workbench.analysis.golden_values import golden_values_check, read_golden_values, weights_fingerprints
+
+        golden = read_golden_values(args.golden)
+        weights = weights_fingerprints(run.fingerprints()) if golden.weights is not None and run.has_sites else None
+        check = golden_values_check(run.scalars, weights, golden, run=run.name, rtol=args.rtol, steps=args.steps)
+    else:
+        check = golden_check(run.records(), open_run(args.golden).records(), steps=args.steps, rtol=args.rtol)
+    print(check.summary())
+    return 0 if check.passed else 1
+
+
+def _add_golden(verbs: argparse._SubParsersAction) -> None:
+    golden = verbs.add_parser("golden", help="write a run's golden-values file for CI (a few KiB)")
+    golden.add_argument("run", type=Path)
+    golden.add_argument("--out", type=writable_file, required=True, help="the JSON file to write")
+    golden.add_argument("--megatron", action="store_true", help="Megatron-LM's functional-test format (1-based "
+                        "iterations, 5 decimals, no fingerprints) instead of the workbench's (full precision, "
+                        "weight fingerprints)")
+    golden.add_argument("--steps", type=whole(1), default=None, help="the first N steps only")
+    golden.add_argument("--interval", type=whole(1), default=1, help="with --megatron: every K-th iteration")
+    golden.set_defaults(func=_golden)
+
+
+def _golden(args: argparse.Namespace) -> int:
+    from workbench.analysis.golden_values import (
+        megatron_golden_values,
+        weights_fingerprints,
+        workbench_golden_values,
+        write_golden_values,
+    )
+    from workbench.store.reader import open_run
+
+    run = open_run(args.run)
+    if args.megatron:
+        data = megatron_golden_values(run.scalars, steps=args.steps, interval=args.interval)
+    else:
+        weights = weights_fingerprints(run.fingerprints()) if run.has_sites else None
+        data = workbench_golden_values(run.scalars, weights, run=run.name, steps=args.steps)
+    path = write_golden_values(data, args.out)
+    print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, "
+          f"{'Megatron-LM format' if args.megatron else 'workbench format, bitwise'})")
+    return 0
+
+
+def _add_resume_check(verbs: argparse._SubParsersAction) -> None:
+    resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
+                              "resume step on (exit 1 if it differs, or, started at another layout, if it leaves "
+                              "the noise floor)")
+    resume.add_argument("resumed", type=Path)
+    resume.add_argument("reference", type=Path, help="the uninterrupted run")
+    resume.add_argument("--from-step", type=whole(0), default=None, metavar="K",
+                        help="check from step K (default: the step the run was resumed from)")
+    resume.add_argument("--floor", type=Path, default=None, metavar="RUN",
+                        help="the noise floor's run: a run started at another layout is held to this run's distance "
+                             "to the reference (default: the run whose checkpoint it started from); with a floor "
+                             "the exit code is 1 only above it")
+    resume.set_defaults(func=_resume_check)
+
+
+def _resume_check(args: argparse.Namespace) -> int:
+    from workbench.analysis.resume import check_resumed_run
+    from workbench.store.reader import open_run
+
+    check = check_resumed_run(open_run(args.resumed), open_run(args.reference), from_step=args.from_step,
+                              floor=open_run(args.floor) if args.floor is not None else None)
+    print(check.summary())
+    return 0 if check.passed else 1
+
+
+def _add_anomalies(verbs: argparse._SubParsersAction) -> None:
+    anomalies = verbs.add_parser("anomalies", help="first NaN/Inf, loss spikes, gradient norms, update ratios "
+                                 "(exit 1 if any)")
+    anomalies.add_argument("run", type=Path)
+    anomalies.add_argument("--window", type=whole(2), default=20, help="steps in the rolling baseline")
+    anomalies.add_argument("--spike-factor", type=finite(0, inclusive=False), default=6.0,
+                           help="a loss spike lies this many MADs above the rolling median")
+    anomalies.add_argument("--follow", action="store_true",
+                           help="follow a run being written: print anomalies as they appear, until it ends")
+    anomalies.add_argument("--interval", type=finite(0, inclusive=False), default=5.0,
+                           help="--follow: seconds between looks")
+    anomalies.set_defaults(func=_anomalies)
+
+
+def _anomalies(args: argparse.Namespace) -> int:
+    from workbench.analysis.anomalies import AnomalyRules, find_anomalies
+    from workbench.store.reader import open_run
+
+    rules = AnomalyRules(window=args.window, spike_factor=args.spike_factor)
+    run = open_run(args.run)
+    if args.follow:
+        from workbench.investigate.watch import watch_anomalies
+
+        print(f"{run.name}: following the run ({run.status}); new anomalies appear as its steps are written")
+        found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
+            f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}", flush=True))
+        print(f"{run.name}: {_count(len(found))}; the run is {open_run(args.run).status}")
+        return 1 if len(found) else 0
+    found = find_anomalies(run.scalars, run.records_or_none(), rules)  # scalars alone without site records
+    if found.empty:
+        print(f"{run.name}: no anomalies in {len(run.scalars)} steps")
+        return 0
+    print(f"{run.name}: {_count(len(found))}")
+    print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 1
+
+
+def _count(count: int) -> str:
+    return f"{count} anomal{'y' if count == 1 else 'ies'}"
