@@ -68,3 +68,23 @@ class ExportError(WorkbenchError, RuntimeError):
 
 class UntrustedFileError(WorkbenchError, ValueError):
     """A file would run code or is not what it claims; refused."""
+
+
+class ImportFormatError(WorkbenchError, ValueError):
+    """A file given to an importer holds no statistics in the format it reads."""
+
+
+class LogNotFoundError(WorkbenchError, FileNotFoundError):
+    """A log file or folder given to an importer does not exist."""
+
+
+class EmptyTraceError(WorkbenchError, ValueError):
+    """A trace without operations."""
+
+
+class IncomparableRunsError(WorkbenchError, ValueError):
+    """Two runs share no steps or sites, or train different model shapes."""
+
+
+class GoldenFileError(WorkbenchError, ValueError):
+    """A golden-values file that is neither Megatron-LM's format nor the workbench's."""

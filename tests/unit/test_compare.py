@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from tests.helpers.records import SITES, perturb, records
-from workbench.analysis import IncomparableRunsError, RunRecords, compare, golden_check
+from workbench.analysis import RunRecords, compare, golden_check
+from workbench.errors import IncomparableRunsError
 
 
 def test_identical_runs_compare_identical() -> None:

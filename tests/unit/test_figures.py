@@ -12,8 +12,8 @@ from tests.helpers.records import SITES, perturb, records
 from workbench.analysis import compare
 from workbench.analysis.cost import COLUMNS
 from workbench.analysis.elementwise import elementwise_difference
-from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import Ladder, ladder
+from workbench.analysis.noise_floor import noise_floor
 from workbench.errors import ArgumentError
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure

@@ -7,8 +7,10 @@ import pytest
 import xarray as xr
 
 from tests.helpers.records import SITES, perturb, records
-from workbench.analysis import IncomparableRunsError, RunRecords, compare
-from workbench.analysis.growth import amplification, growth_phase, leaves_floor, noise_floor
+from workbench.analysis import RunRecords, compare
+from workbench.analysis.growth import amplification, growth_phase
+from workbench.analysis.noise_floor import leaves_floor, noise_floor
+from workbench.errors import IncomparableRunsError
 
 
 def with_stats(run: RunRecords, name: str, stats: xr.DataArray) -> RunRecords:

@@ -7,8 +7,8 @@ import pytest
 
 from tests.helpers.records import SITES, perturb, records
 from workbench.analysis import RunRecords
-from workbench.analysis.growth import noise_floor
 from workbench.analysis.ladder import ladder
+from workbench.analysis.noise_floor import noise_floor
 from workbench.analysis.resume import resume_check
 from workbench.errors import ArgumentError
 from workbench.sites import layer_label, layer_order

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.traces import T, Trace, common_trace
-from workbench.analysis.trace_alignment import EmptyTraceError, first_operation
+from workbench.analysis.trace_alignment import first_operation
+from workbench.errors import EmptyTraceError
 
 
 def test_identical_traces() -> None:

@@ -3,8 +3,9 @@
     from workbench.analysis import compare, golden_check
 """
 
-from workbench.analysis.compare import Comparison, IncomparableRunsError, compare
+from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.golden import GoldenCheck, golden_check
+from workbench.errors import IncomparableRunsError
 from workbench.store.records import RunRecords
 
 __all__ = ["Comparison", "GoldenCheck", "IncomparableRunsError", "RunRecords", "compare", "golden_check"]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.compare import IncomparableRunsError, compare
+from workbench.analysis.compare import compare
 from workbench.analysis.tolerance import TOLERANCE_QUANTITIES, TOLERANCE_SCALARS, scalar_differences, site_differences
-from workbench.errors import ArgumentError
+from workbench.errors import ArgumentError, IncomparableRunsError
 from workbench.statistics import STAT_NAMES
 from workbench.store.records import RunRecords
 

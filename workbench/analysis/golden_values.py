@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.golden import Difference, GoldenCheck, scalar_check
-from workbench.errors import ArgumentError, WorkbenchError
+from workbench.errors import ArgumentError, GoldenFileError
 from workbench.statistics import FINGERPRINT_VERSION
 
 WORKBENCH_FORMAT = "workbench-golden-values"
@@ -51,10 +51,6 @@ WORKBENCH_SCALARS: tuple[str, ...] = ("loss", "grad_norm", "lr", "loss_scale")
 """Scalars a workbench golden file holds (no timing: it depends on the machine)."""
 _UNTIMED = ("step_time",)
 _ROUND = 5  # decimals of Megatron's values read from TensorBoard
-
-
-class GoldenFileError(WorkbenchError, ValueError):
-    """A golden-values file that is neither Megatron-LM's format nor the workbench's."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,9 @@
-"""How differences grow and whether they stay inside the noise floor.
+"""How differences grow.
 
-* ``amplification``: after two runs first differ, the relative difference of a statistic
-  per site and step on a log scale, with a fitted growth rate (decades per step). A
-  single rounding difference amplified by chaotic training grows steadily from ~1e-7; a
-  systematic change starts large.
-* ``noise_floor``: from N runs of one configuration (nondeterministic repeats), the
-  envelope [min, max] of every statistic per (step, site).
-* ``leaves_floor``: whether another run stays inside that envelope, and the first step
-  and site (in execution order) where it leaves it.
+``amplification``: after two runs first differ, the relative difference of a statistic per site and step on a
+log scale, with a fitted growth rate (decades per step). A single rounding difference amplified by chaotic
+training grows steadily from ~1e-7; a systematic change starts large. Whether a run stays inside the noise
+floor is ``analysis.noise_floor``.
 """
 
 from __future__ import annotations
@@ -16,11 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
-from workbench.analysis.compare import Comparison, IncomparableRunsError
-from workbench.analysis.difference import first_true
-from workbench.store.records import RunRecords
+from workbench.analysis.compare import Comparison
 
 MIN_RISE_DECADES = 1.0
 """A saturation is reported only after the difference rose by at least this much."""
@@ -145,58 +138,3 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     plateau = float(np.nanmedian(values[steps >= knee])) if knee is not None else float("nan")
     return Amplification(stat, per_site, overall, rate, intercept, fit_steps=(int(result.first_step), last),
                          saturation_step=knee, plateau=plateau)
-
-
-@dataclass(frozen=True)
-class NoiseFloor:
-    runs: list[str]
-    low: xr.DataArray
-    """Smallest value of every statistic per (step, site) over the runs."""
-    high: xr.DataArray
-    """Largest value."""
-
-
-def noise_floor(runs: list[RunRecords]) -> NoiseFloor:
-    """The envelope of N >= 2 runs of one configuration, on their common steps and sites."""
-    if len(runs) < 2:
-        raise IncomparableRunsError(f"a noise floor needs at least two runs, got {len(runs)}")
-    steps = sorted(set.intersection(*(set(r.steps) for r in runs)))
-    sites = [s for s in runs[0].sites if all(s in set(r.sites) for r in runs[1:])]
-    if not steps or not sites:
-        raise IncomparableRunsError("the runs of a noise floor share no recorded step or site")
-    stacked = xr.concat([r.stats.sel(step=steps, site=sites) for r in runs], dim="run")
-    return NoiseFloor([r.name for r in runs], stacked.min("run", skipna=False), stacked.max("run", skipna=False))
-
-
-@dataclass(frozen=True)
-class FloorCheck:
-    run: str
-    inside: bool
-    first_step: int | None
-    first_site: str | None
-    outside: pd.DataFrame
-    """bool (step x site): some statistic of the run lies outside the envelope."""
-
-
-def leaves_floor(run: RunRecords, floor: NoiseFloor, *, stats: tuple[str, ...] = ("sum_sq", "min", "max"),
-                 margin: float = 0.0, rtol: float = 1e-6) -> FloorCheck:
-    """Whether ``run`` stays inside ``floor``; the first exit in execution order.
-
-    The envelope is widened by ``margin`` x its width and by ``rtol`` x its magnitude: where
-    all runs of the floor agree bitwise the width is zero, and statistics of the same tensor
-    summed in another order (shards merged, another thread split) differ by ~1e-9.
-    """
-    steps = [s for s in floor.low["step"].to_numpy().tolist() if s in set(run.steps)]
-    sites = [s for s in floor.low["site"].to_numpy().tolist() if s in set(run.sites)]
-    if not steps or not sites:
-        raise IncomparableRunsError(f"{run.name} shares no recorded step or site with the noise floor")
-    low = floor.low.sel(step=steps, site=sites, stat=list(stats))
-    high = floor.high.sel(step=steps, site=sites, stat=list(stats))
-    slack = margin * (high - low) + rtol * xr.where(abs(low) > abs(high), abs(low), abs(high))
-    value = run.stats.sel(step=steps, site=sites, stat=list(stats))
-    out = (value < low - slack) | (value > high + slack) | (value.isnull() != low.isnull())
-    outside = out.any("stat").to_pandas()
-    first = first_true(outside)
-    if first is None:
-        return FloorCheck(run.name, True, None, None, outside)
-    return FloorCheck(run.name, False, first.step, first.site, outside)

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import Comparison, compare
-from workbench.analysis.growth import NoiseFloor, amplification, leaves_floor, row_nanmedian
+from workbench.analysis.growth import amplification, row_nanmedian
+from workbench.analysis.noise_floor import NoiseFloor, leaves_floor
 from workbench.sites import SITE_KINDS, layer_label, layer_order, split_site
 from workbench.store.records import RunRecords
 

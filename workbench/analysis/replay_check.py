@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.compare import IncomparableRunsError, compare
+from workbench.analysis.compare import compare
 from workbench.analysis.difference import first_true, relative
+from workbench.errors import IncomparableRunsError
 from workbench.store.records import RunRecords
 
 SCALARS = ("loss", "grad_norm")

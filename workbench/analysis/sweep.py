@@ -18,8 +18,8 @@ from enum import StrEnum
 
 import pandas as pd
 
-from workbench.analysis.compare import Comparison, IncomparableRunsError
-from workbench.errors import ArgumentError
+from workbench.analysis.compare import Comparison
+from workbench.errors import ArgumentError, IncomparableRunsError
 
 
 class PairVerdict(StrEnum):

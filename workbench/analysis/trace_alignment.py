@@ -38,16 +38,12 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.errors import WorkbenchError
+from workbench.errors import EmptyTraceError
 from workbench.store.op_trace import TracedTensor
 
 Key = tuple[str, int, str, str, int]
 """(phase, micro-batch, scope, op, occurrence)"""
 _KEY = ["phase", "microbatch", "scope", "op", "occurrence"]
-
-
-class EmptyTraceError(WorkbenchError, ValueError):
-    """A trace without operations."""
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ The ``write_*`` functions write a run's statistics in each format, for benchmark
 Imports no torch; ``tensorboard`` only inside the TensorBoard functions.
 """
 
+from workbench.errors import ImportFormatError, LogNotFoundError
 from workbench.importers.table import (
-    ImportFormatError,
-    LogNotFoundError,
     long_table,
     records_from_table,
     statistic_fingerprints,

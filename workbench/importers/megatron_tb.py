@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.analysis.golden_values import MEGATRON_METRICS
-from workbench.importers.table import ImportFormatError, LogNotFoundError
+from workbench.errors import ImportFormatError, LogNotFoundError
 from workbench.importers.tensorboard import _require_tensorboard
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, new_run_id, store_attributes

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from workbench.errors import ArgumentError, WorkbenchError
+from workbench.errors import ArgumentError, ImportFormatError
 from workbench.sites import layer_of, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout
@@ -52,14 +52,6 @@ from workbench.store.writer import (
 LONG_COLUMNS: tuple[str, ...] = ("step", "site", "stat", "value")
 FINGERPRINT_NOTE = "hash of the logged statistics, not of the tensor"
 _BLOCK = 512  # steps written to the store at once (a multiple of the store's step chunk)
-
-
-class ImportFormatError(WorkbenchError, ValueError):
-    """A file given to an importer holds no statistics in the format it reads."""
-
-
-class LogNotFoundError(WorkbenchError, FileNotFoundError):
-    """A log file or folder given to an importer does not exist."""
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from workbench.importers.table import ImportFormatError, LogNotFoundError, long_table, row_keys, write_run_from_table
+from workbench.errors import ImportFormatError, LogNotFoundError
+from workbench.importers.table import long_table, row_keys, write_run_from_table
 from workbench.sites import SITE_KINDS, split_site, strip_wrappers
 from workbench.store.records import RunRecords
 

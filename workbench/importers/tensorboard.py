@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.errors import UnsupportedError
-from workbench.importers.table import ImportFormatError, LogNotFoundError, long_table, row_keys
+from workbench.errors import ImportFormatError, LogNotFoundError, UnsupportedError
+from workbench.importers.table import long_table, row_keys
 from workbench.importers.te_log import DEFAULT_STATS
 from workbench.store.records import RunRecords
 

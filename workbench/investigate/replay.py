@@ -134,10 +134,11 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
     update_manifest(run_dir, replay={**facts, "seconds": seconds})
     return Replay(original=original.path, run_dir=run_dir, step=step, from_step=from_step,
                   from_checkpoint=checkpoint is not None, seconds=seconds,
-                  check=check_replay(original, open_run(run_dir), from_step=from_step, step=step))
+                  check=_checked(original, open_run(run_dir), from_step=from_step, step=step))
 
 
-def check_replay(original: Run, replayed: Run, *, from_step: int, step: int) -> ReplayCheck:
-    # An original without site records is compared by its scalars alone.
+def _checked(original: Run, replayed: Run, *, from_step: int, step: int) -> ReplayCheck:
+    """``analysis.replay_check`` of the two runs' records and scalars: an original without site records is compared
+    by its scalars alone."""
     return replay_check(original.records_or_none(), replayed.records_or_none(), original.scalars, replayed.scalars,
                         from_step=from_step, to_step=step, deterministic=original.config.deterministic)

@@ -34,8 +34,8 @@ from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
-from workbench.analysis.growth import NoiseFloor, noise_floor
 from workbench.analysis.ladder import Ladder, ladder
+from workbench.analysis.noise_floor import NoiseFloor, noise_floor
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
 from workbench.analysis.sources import attribution, source_cost
@@ -189,7 +189,7 @@ class Workspace:
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
-        """The noise floor of the noise-floor runs' records (``analysis.growth.noise_floor``); None without them."""
+        """The noise floor of the noise-floor runs' records (``analysis.noise_floor``); None without them."""
         return noise_floor([self.records(n) for n in self.roles.floor_runs]) if self.roles.floor_runs else None
 
     # -- analysis over several runs ----------------------------------------------------

@@ -101,3 +101,37 @@ class ExportBar(widgets.HBox):
             written.append(path)
         self.status.value = f"wrote {len(written)} files to {Path(self.folder.value).resolve()}"
         return written
+
+
+class WorkbenchWidget(widgets.VBox):
+    """What the widgets share: the CSS class the browser test and user CSS find (``css_class``), the workspace, a
+    status line, an export bar over what ``exported`` returns, and the quiet pattern: while ``_quiet`` (from
+    construction until ``watch``), changing a control draws nothing, so that a widget fills its controls from a
+    folder of runs and draws once."""
+
+    css_class = "workbench-widget"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_class(self.css_class)
+        self.workspace: Workspace | None = None
+        self.status = widgets.HTML()
+        self.export_bar = ExportBar(self.status, self.exported)
+        self._quiet = True
+
+    def watch(self, *controls: widgets.Widget) -> None:
+        """Draw again whenever one of ``controls`` changes; from now on ``update`` draws."""
+        for control in controls:
+            control.observe(lambda _: self.update(), names="value")
+        self._quiet = False
+
+    def update(self) -> None:
+        """Draw what the controls say (each widget its own)."""
+
+    def exported(self) -> Exported | None:
+        """The figures and tables the export bar writes; None before anything is drawn."""
+        return None
+
+    def export(self) -> list[Path]:
+        """Write the figures shown and their data (``ExportBar.export``)."""
+        return self.export_bar.export()

@@ -21,20 +21,20 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.figures.studies import cost_figure
-from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.studies.workspace import runs_dir
+from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 
 MEASURES = {"tokens/s (recorder excluded)": "tokens_per_s", "steps/s (from the step time)": "step_time"}
 CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs only by the workbench's emulation "
               "of GPU atomics, so this is the cost of that emulation, not of deterministic GPU kernels.")
 
 
-class CostWidget(widgets.VBox):
+class CostWidget(WorkbenchWidget):
+    css_class = "workbench-cost"
+
     def __init__(self, directory: str | Path | None = None) -> None:
         super().__init__()
-        self.add_class("workbench-cost")  # for the browser test and user CSS
         style = {"description_width": "initial"}
-        self.workspace: Workspace | None = None
         self.table = pd.DataFrame()
         self.configs = widgets.SelectMultiple(description="configurations", rows=6, style=style,
                                               layout=widgets.Layout(width="460px"))
@@ -42,7 +42,6 @@ class CostWidget(widgets.VBox):
         self.warmup = widgets.IntSlider(value=2, min=0, max=20, description="warm-up steps left out", style=style)
         self.interval = widgets.Dropdown(options=[80.0, 90.0, 95.0, 99.0], value=95.0,
                                          description="bootstrap interval %", style=style)
-        self.status = widgets.HTML()
         self.caveat = widgets.HTML()
         self.figure = go.FigureWidget()
         self.numbers = widgets.Output()
@@ -50,14 +49,10 @@ class CostWidget(widgets.VBox):
         self.source_figure = go.FigureWidget()
         self.source_numbers = widgets.Output()
         self.source_box = widgets.VBox([self.source_figure, self.source_numbers])
-        self.export_bar = ExportBar(self.status, self._exported)
         self.children = [widgets.HBox([self.configs, widgets.VBox([self.measure, self.warmup, self.interval])]),
                          self.status, self.caveat, self.figure, self.numbers, self.source_box, self.export_bar]
-        self._quiet = True
         self.open_runs(directory or runs_dir())
-        for control in (self.configs, self.measure, self.warmup, self.interval):
-            control.observe(lambda _: self.update(), names="value")
-        self._quiet = False
+        self.watch(self.configs, self.measure, self.warmup, self.interval)
         self.update()
 
     def open_runs(self, directory: str | Path) -> None:
@@ -96,13 +91,10 @@ class CostWidget(widgets.VBox):
                     index=False, float_format=lambda x: f"{x:.2f}"))
             self.status.value += f"; {len(self.by_source)} nondeterminism sources against every source off"
 
-    def _exported(self) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]] | None:
+    def exported(self) -> Exported | None:
         if not self.figure.data:
             return None
         figures, tables = {"determinism-cost": go.Figure(self.figure)}, {"determinism-cost": self.table}
         if not self.by_source.empty:
             figures["source-cost"], tables["source-cost"] = go.Figure(self.source_figure), self.by_source
         return figures, tables
-
-    def export(self) -> list[Path]:
-        return self.export_bar.export()

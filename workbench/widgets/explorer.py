@@ -31,18 +31,18 @@ from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import ExportBar, Exported, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 
 Key = tuple[str, str, str]
 """(reference, compared run, statistic): what the explorer caches a heatmap matrix by."""
 
 
-class DivergenceExplorer(widgets.VBox):
+class DivergenceExplorer(WorkbenchWidget):
+    css_class = "workbench-explorer"
+
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
                  other: str | None = None) -> None:
         super().__init__()
-        self.add_class("workbench-explorer")  # for the browser test and user CSS
-        self.workspace: Workspace | None = None
         self._matrices: dict[Key, pd.DataFrame] = {}
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
@@ -63,8 +63,6 @@ class DivergenceExplorer(widgets.VBox):
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             layout=wide, continuous_update=False)
-        self.status = widgets.HTML()
-        self.export_bar = ExportBar(self.status, self._exported)
         self.heatmap = go.FigureWidget()
         self.detail = go.FigureWidget()
         self.snapshot_view = widgets.Output()
@@ -76,10 +74,8 @@ class DivergenceExplorer(widgets.VBox):
             self.export_bar,
         ]
         self.open_button.on_click(lambda _: self.open_runs(self.directory.value))
-        for control in (self.reference, self.other, self.stat, self.site_glob, self.kinds, self.layers,
-                        self.outside_layers, self.steps):
-            control.observe(lambda _: self.update(), names="value")
-        self._quiet = False
+        self.watch(self.reference, self.other, self.stat, self.site_glob, self.kinds, self.layers,
+                   self.outside_layers, self.steps)
         self.site_listeners: list[Callable[[str, str, list[str]], None]] = []
         """Called with (site, statistic, [reference, other]) when a heatmap cell is clicked."""
         self.open_runs(self.directory.value, reference=reference, other=other)
@@ -209,7 +205,7 @@ class DivergenceExplorer(widgets.VBox):
             shown["site-detail"] = go.Figure(self.detail)
         return shown
 
-    def _exported(self) -> Exported | None:
+    def exported(self) -> Exported | None:
         if self.workspace is None:
             return None
         matrix = self._matrix()
@@ -217,9 +213,6 @@ class DivergenceExplorer(widgets.VBox):
         low, high = self.steps.value
         return self.figures(), {"divergence-heatmap": matrix.loc[rows, low:high]}
 
-    def export(self) -> list[Path]:
-        """Write the figures shown (PNG / SVG / PDF / HTML) and the heatmap's data as CSV."""
-        return self.export_bar.export()
 
 
 def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key) -> int:

@@ -27,18 +27,18 @@ from workbench.figures.studies import ladder_figure
 from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
 from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 
-class LadderWidget(widgets.VBox):
+class LadderWidget(WorkbenchWidget):
+    css_class = "workbench-ladder"
+
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
                  stat: str = "l2") -> None:
         super().__init__()
-        self.add_class("workbench-ladder")  # for the browser test and user CSS
         style = {"description_width": "initial"}
         self.directory = str(directory or runs_dir())
-        self.workspace: Workspace | None = None
         self.ladder: Ladder | None = None
         self._ladders: dict[tuple[str, tuple[str, ...], str], Ladder] = {}
         self._bands: dict[tuple[str, str, str], Ladder | None] = {}
@@ -49,21 +49,15 @@ class LadderWidget(widgets.VBox):
                                              continuous_update=False)
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.seeds = widgets.Checkbox(value=True, description="seed spread", indent=False)
-        self.status = widgets.HTML()
         self.figure = go.FigureWidget()
-        self.export_bar = ExportBar(self.status, lambda: None if self.ladder is None else (
-            {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}))
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
         self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers,
                                                      self.seeds]),
                                        self.runs]),
                          self.status, self.figure, self.export_bar, self.explorer_box]
-        self._quiet = True
         self.open_runs(self.directory, runs=runs)
-        for control in (self.reference, self.runs, self.stat, self.layers, self.outside_layers, self.seeds):
-            control.observe(lambda _: self.update(), names="value")
-        self._quiet = False
+        self.watch(self.reference, self.runs, self.stat, self.layers, self.outside_layers, self.seeds)
         self.update()
         self._preload()
 
@@ -158,8 +152,10 @@ class LadderWidget(widgets.VBox):
             explorer.site_glob.value = "loss:*" if layer == "loss" else f"*:{layer}*"
         return explorer
 
-    def export(self) -> list[Path]:
-        return self.export_bar.export()
+    def exported(self) -> Exported | None:
+        if self.ladder is None:
+            return None
+        return {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}
 
 
 def _ladder_of(workspace: Workspace, ladders: dict[tuple[str, tuple[str, ...], str], Ladder],

@@ -18,26 +18,29 @@ import plotly.graph_objects as go
 
 from workbench.analysis.sweep import SweepMatrix
 from workbench.figures.sweep import sweep_figure
-from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.studies.workspace import runs_dir
+from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 
-class SweepMatrixWidget(widgets.VBox):
+class SweepMatrixWidget(WorkbenchWidget):
+    css_class = "workbench-sweep"
+
     def __init__(self, directory: str | Path | None = None) -> None:
         super().__init__()
-        self.add_class("workbench-sweep")  # for the browser test and user CSS
         self.directory = str(directory or runs_dir())
-        self.workspace: Workspace | None = None
         self.matrix: SweepMatrix | None = None
-        self.status = widgets.HTML()
         self.figure = go.FigureWidget()
-        self.export_bar = ExportBar(self.status, lambda: None if self.matrix is None else (
-            {"sweep-matrix": go.Figure(self.figure)}, {"sweep-matrix": self.matrix.table()}))
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
         self.children = [self.status, self.figure, self.export_bar, self.explorer_box]
+        self._quiet = False
         self.open_runs(self.directory)
+
+    def exported(self) -> Exported | None:
+        if self.matrix is None:
+            return None
+        return {"sweep-matrix": go.Figure(self.figure)}, {"sweep-matrix": self.matrix.table()}
 
     def open_runs(self, directory: str | Path) -> None:
         workspace = open_workspace(directory, self.status, pairs=True)
@@ -64,5 +67,3 @@ class SweepMatrixWidget(widgets.VBox):
             self.explorer.open_runs(self.directory, reference=a, other=b)
         return self.explorer
 
-    def export(self) -> list[Path]:
-        return self.export_bar.export()

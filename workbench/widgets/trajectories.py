@@ -26,23 +26,22 @@ import plotly.graph_objects as go
 from workbench.figures.trajectories import trajectory_figure
 from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
-from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import ExportBar, open_workspace, show
+from workbench.studies.workspace import runs_dir
+from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 SITE_STATISTIC = "site statistic"
 _SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("float")]
 
 
-class TrajectoryWidget(widgets.VBox):
+class TrajectoryWidget(WorkbenchWidget):
+    css_class = "workbench-trajectories"
+
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
                  quantity: str = "loss", site: str | None = None, stat: str = "l2") -> None:
         super().__init__()
-        self.add_class("workbench-trajectories")  # for the browser test and user CSS
         style = {"description_width": "initial"}
-        self.workspace: Workspace | None = None
         self.last_update_s = 0.0
-        self.status = widgets.HTML()
         self.runs = widgets.SelectMultiple(description="runs", rows=6, style=style)
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.quantity = widgets.Dropdown(options=[*_SCALARS, SITE_STATISTIC], value=quantity if quantity in
@@ -59,19 +58,14 @@ class TrajectoryWidget(widgets.VBox):
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             continuous_update=False, layout=widgets.Layout(width="420px"))
         self.figure = go.FigureWidget()
-        self.export_bar = ExportBar(self.status, lambda: None if not self.figure.data else (
-            {"trajectories": go.Figure(self.figure)}, {"trajectories": pd.DataFrame(self.series())}))
         self.children = [
             widgets.HBox([self.runs, widgets.VBox([self.reference, self.quantity, self.site, self.stat])]),
             widgets.HBox([self.difference, self.log_y, self.floor, self.seeds, self.anomalies]),
             self.steps, self.status, self.figure, self.export_bar,
         ]
-        self._quiet = True
         self.open_runs(directory or runs_dir(), runs=runs, site=site)
-        for control in (self.runs, self.reference, self.quantity, self.site, self.stat, self.difference,
-                        self.log_y, self.floor, self.seeds, self.anomalies, self.steps):
-            control.observe(lambda _: self.update(), names="value")
-        self._quiet = False
+        self.watch(self.runs, self.reference, self.quantity, self.site, self.stat, self.difference, self.log_y,
+                   self.floor, self.seeds, self.anomalies, self.steps)
         self.update()
         self._preload()
 
@@ -169,5 +163,7 @@ class TrajectoryWidget(widgets.VBox):
         """Open here every site clicked in ``explorer``'s heatmap (with its pair of runs and statistic)."""
         explorer.site_listeners.append(lambda site, stat, runs: self.show_site(site, stat, runs))
 
-    def export(self) -> list[Path]:
-        return self.export_bar.export()
+    def exported(self) -> Exported | None:
+        if not self.figure.data:
+            return None
+        return {"trajectories": go.Figure(self.figure)}, {"trajectories": pd.DataFrame(self.series())}
