@@ -104,7 +104,8 @@ class Roles:
 
 def find_roles(infos: Mapping[str, RunManifest], recorded: Iterable[str]) -> Roles:
     """The roles of the runs ``infos`` (name -> typed manifest), of which ``recorded`` have per-site records."""
-    recorded = [n for n in infos if n in set(recorded)]
+    with_records = set(recorded)
+    recorded = [n for n in infos if n in with_records]
     faulted = [n for n, info in infos.items() if info.fault is not None]
     resumed = [n for n in recorded if infos[n].resumes]
     groups = _repeat_groups(infos, recorded)
