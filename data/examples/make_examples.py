@@ -80,7 +80,7 @@ def megatron_events(run: Run, global_batch_size: int) -> list[tuple[float, int, 
     ``evaluate_and_print_results`` add them; iteration ``k`` is the store's step ``k - 1``; the validation loss
     where the run evaluated (example.toml's ``eval.every``, Megatron-LM's ``--eval-interval``)."""
     scalars = run.scalars
-    start = dt.datetime.fromisoformat(str(run.manifest["started_at"])).timestamp()
+    start = dt.datetime.fromisoformat(str(run.attrs["started_at"])).timestamp()
     wall = start + np.cumsum(scalars["step_time"].to_numpy())  # [step] the end of each step
     events = []
     for step, row in scalars.iterrows():
@@ -106,7 +106,7 @@ def write_megatron_example(run: Run, global_batch_size: int) -> Path:
     events = megatron_events(run, global_batch_size)
     shutil.rmtree(MEGATRON_TB, ignore_errors=True)
     MEGATRON_TB.mkdir(parents=True)
-    start = dt.datetime.fromisoformat(str(run.manifest["started_at"])).timestamp()
+    start = dt.datetime.fromisoformat(str(run.attrs["started_at"])).timestamp()
     # torch's SummaryWriter names it events.out.tfevents.<time>.<host>.<pid>.<n>; no host or pid here
     path = MEGATRON_TB / f"events.out.tfevents.{int(start)}.workbench-example.0.0"
     with path.open("wb") as out:

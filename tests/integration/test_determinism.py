@@ -43,8 +43,8 @@ def test_nondeterministic_repeats_differ(runs: Runs) -> None:
 
 
 def test_manifest_says_what_is_emulated(runs: Runs) -> None:
-    det = open_run(runs.get("base")).manifest["determinism"]
-    nondet = open_run(runs.get("nondet-a", deterministic=False)).manifest["determinism"]
+    det = open_run(runs.get("base")).attrs["determinism"]
+    nondet = open_run(runs.get("nondet-a", deterministic=False)).attrs["determinism"]
     assert det["deterministic"] and det["emulated_nondeterminism"] == []
     assert det["env"]["NCCL_ALGO"] == "Ring" and det["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert det["transformer_config"]["deterministic_mode"] is True

@@ -37,7 +37,7 @@ def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.Mon
     assert _worker_pids(run_dir) == []
     run = open_run(run_dir)
     assert run.status == "failed"
-    assert run.manifest["error"]["rank"] == 1
+    assert run.attrs["error"]["rank"] == 1
     assert run.steps_completed <= 2
 
 
@@ -183,7 +183,7 @@ def test_a_full_disk_during_a_checkpoint_ends_the_run_failed_with_every_step_kep
         assert list(checkpoints.iterdir()) == [checkpoints / "step_000000"]  # no partial checkpoint, no .partial
         run = open_run(run_dir)
         assert run.status == "failed"
-        assert "No space left on device" in run.manifest["error"]["excerpt"]
+        assert "No space left on device" in run.attrs["error"]["excerpt"]
         # the steps before the checkpoint, though fewer than flush_every, were flushed before the run ended
         assert run.steps_completed == 3
         assert run.recorded_steps_completed == 3 and run.fingerprints().index.tolist() == [0, 1, 2]

@@ -33,9 +33,9 @@ def test_every_kind_is_recorded_from_a_tp2_hybrid_loop_in_the_gpt_spelling(hybri
     run = open_run(hybrid_runs / "hybrid")
     assert run.status == "complete" and run.steps_completed == 4
     assert set(run.site_table()["kind"]) == ALL_KINDS
-    assert "kinds_missing" not in run.manifest
-    assert run.info.user_config is not None and run.info.user_config["model"] == "hybrid"
-    assert run.info.model is not None and run.info.model.num_layers == 2  # GPT blocks, config.num_layers is 4
+    assert "kinds_missing" not in run.attrs
+    assert run.manifest.user_config is not None and run.manifest.user_config["model"] == "hybrid"
+    assert run.manifest.model is not None and run.manifest.model.num_layers == 2  # GPT blocks, config.num_layers is 4
     sites = set(run.records().sites)
     assert HYBRID_ONLY <= sites
     assert {"act:layers.1", "act:layers.1.mlp", "param:layers.1.pre_mlp_layernorm.weight",

@@ -26,7 +26,7 @@ def test_layouts_train_the_same_model(runs: Runs, name: str) -> None:
     reference = open_run(runs.get("base")).scalars
     run = open_run(runs.get(name, **LAYOUTS[name]))
     assert run.status == "complete"
-    assert run.manifest["layout"]["world_size"] == int(np.prod([v for v in LAYOUTS[name].values()]))
+    assert run.attrs["layout"]["world_size"] == int(np.prod([v for v in LAYOUTS[name].values()]))
     # Same model, same batches: equal up to float reassociation, not necessarily bitwise.
     np.testing.assert_allclose(run.scalars.loss, reference.loss, rtol=1e-4)
     np.testing.assert_allclose(run.scalars.grad_norm, reference.grad_norm, rtol=1e-3)

@@ -100,8 +100,8 @@ def test_moe_sites_agree_between_layouts(runs: Runs) -> None:
 def test_the_emulated_token_combine_changes_the_moe_output_first(runs: Runs) -> None:
     nondet = {**MOE, "model.moe_topk": 3, "deterministic": False, "nondeterminism.embedding_atomics": False}
     a, b = (open_run(runs.get(n, **nondet)) for n in ("moe-nondet-a", "moe-nondet-b"))
-    assert any("unpermute" in e for e in a.manifest["determinism"]["emulated_nondeterminism"])
-    assert a.manifest["determinism"]["sources"]["moe_token_combine"]["state"] == "on"
+    assert any("unpermute" in e for e in a.attrs["determinism"]["emulated_nondeterminism"])
+    assert a.attrs["determinism"]["sources"]["moe_token_combine"]["state"] == "on"
     result = compare(a.records(), b.records())
     # three expert outputs meet in each token, added in a random order: the layer's output is the first to change
     assert (result.first_step, result.first_site) == (0, "act:layers.0.mlp")
@@ -124,7 +124,7 @@ def test_sequence_parallelism_first_changes_a_sequence_parallel_gradient(runs: R
 def test_the_virtual_pipeline_reorders_the_schedule_only(runs: Runs) -> None:
     pp2 = open_run(runs.get("l4-pp2", **L4, **{"layout.pp": 2}))
     vp2 = open_run(runs.get("l4-pp2-vp2", **L4, **{"layout.pp": 2, "layout.vp": 2}))
-    assert vp2.manifest["layout"]["vp"] == 2 and vp2.status == "complete"
+    assert vp2.attrs["layout"]["vp"] == 2 and vp2.status == "complete"
     # each rank holds layers (0, 2) or (1, 3) and runs the interleaved 1F1B: the same operations on the same
     # micro-batches in another order, bitwise the same run
     assert compare(pp2.records(), vp2.records()).identical

@@ -28,7 +28,7 @@ def test_fp16_uses_dynamic_loss_scaling(runs: Runs) -> None:
     scalars = run.scalars
     assert scalars.loss_scale.iloc[0] == 2.0**16
     assert np.isfinite(scalars.loss).all()
-    assert run.manifest["precision"] == "fp16"
+    assert run.attrs["precision"] == "fp16"
 
 
 def test_demo_config_learns_well_below_uniform(tmp_path: Path) -> None:

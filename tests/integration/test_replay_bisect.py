@@ -19,7 +19,7 @@ from workbench.store.reader import open_run
 
 def test_fault_run_says_so_and_its_nan_is_found(mini_demo: Path) -> None:
     run = open_run(mini_demo / "fault")
-    assert run.manifest["fault"] == "flip bit 30 of element 0 of act:layers.1.mlp at step 5"
+    assert run.attrs["fault"] == "flip bit 30 of element 0 of act:layers.1.mlp at step 5"
     found = find_anomalies(run.scalars, run.records())
     assert (int(found["step"].iloc[0]), found["rule"].iloc[0]) == (5, "nonfinite")
     assert open_run(mini_demo / "det-r0").scalars["loss"].notna().all()
@@ -31,7 +31,7 @@ def test_replay_of_a_deterministic_run_reproduces_the_fault_bitwise(mini_demo: P
     assert result.check.reproduced, result.check.summary()
     assert result.check.steps == [4, 5] and result.check.sites > 100
     replayed = open_run(tmp_path / "replay")
-    assert replayed.manifest["replay"]["of_run_id"] == open_run(mini_demo / "fault").run_id
+    assert replayed.attrs["replay"]["of_run_id"] == open_run(mini_demo / "fault").run_id
     assert replayed.first_step == 4 and replayed.steps_completed == 6
     assert len(replayed.snapshots()[5]) == len(replayed.records().sites)  # every site snapshotted at step K
     assert replayed.scalars.loc[5, "loss"] != replayed.scalars.loc[5, "loss"]  # the NaN, again

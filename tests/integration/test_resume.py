@@ -24,7 +24,7 @@ def test_resumed_run_is_bitwise_identical_to_the_uninterrupted_one(runs: Runs, t
     assert stopped.status == "stopped" and stopped.steps_completed == 3
     launch(cfg, resumed, resume=True)
     run = open_run(resumed)
-    assert run.status == "complete" and run.manifest["resumes"] == [2]
+    assert run.status == "complete" and run.attrs["resumes"] == [2]
     reference = open_run(uninterrupted).scalars
     for column in ("loss", "grad_norm", "lr"):
         np.testing.assert_array_equal(run.scalars[column], reference[column], err_msg=column)
@@ -65,10 +65,10 @@ def test_a_run_starts_at_another_layout_from_a_tp2_checkpoint(runs: Runs, tmp_pa
     reference = runs.get("base") if not overrides else runs.get("dp2", **{"layout.dp": 2})
     started = launch(tiny_config(name, **overrides), tmp_path / name, start_from=source / "checkpoints" / "step_000002")
     run = open_run(started)
-    assert run.status == "complete" and run.manifest["resumes"] == [2] and run.first_step == 2
-    assert run.manifest["started_from"]["step"] == 2 and run.manifest["started_from"]["layout"]["tp"] == 2
+    assert run.status == "complete" and run.attrs["resumes"] == [2] and run.first_step == 2
+    assert run.attrs["started_from"]["step"] == 2 and run.attrs["started_from"]["layout"]["tp"] == 2
     # a Megatron-format checkpoint's model is resharded by megatron.core.dist_checkpointing itself
-    assert ("dist_checkpointing" in run.manifest["started_from"]["model_loaded_by"]) == (source_format == "megatron")
+    assert ("dist_checkpointing" in run.attrs["started_from"]["model_loaded_by"]) == (source_format == "megatron")
     if source_format == "megatron":  # saving through dist_checkpointing changes no number of the run
         from workbench.analysis.compare import compare
 

@@ -26,7 +26,7 @@ def _alone(runs: Runs, source: str, **layout: object) -> object:
 def test_every_source_off_is_bitwise_a_deterministic_run(runs: Runs) -> None:
     off = open_run(runs.get("sources-off", deterministic=False, **ALL_OFF))
     assert compare(open_run(runs.get("base")).records(), off.records()).identical
-    assert sources_on(off.manifest["determinism"]) == [] and off.manifest["determinism"]["deterministic"] is False
+    assert sources_on(off.attrs["determinism"]) == [] and off.attrs["determinism"]["deterministic"] is False
 
 
 @pytest.mark.parametrize("source", ["embedding_atomics", "splitk_gemm", "attention_backward"])
@@ -35,8 +35,8 @@ def test_a_source_alone_first_changes_the_bits_where_it_acts(runs: Runs, source:
     result = compare(open_run(runs.get("base")).records(), run.records())
     assert result.first_step == 0  # every step runs the source; nothing before it differs
     assert any(fnmatch.fnmatchcase(str(result.first_site), p) for p in SOURCES[source].acts_at), result.first_site
-    assert sources_on(run.manifest["determinism"]) == [source]
-    assert len(run.manifest["determinism"]["emulated_nondeterminism"]) == 1
+    assert sources_on(run.attrs["determinism"]) == [source]
+    assert len(run.attrs["determinism"]["emulated_nondeterminism"]) == 1
 
 
 def test_the_data_parallel_association_needs_three_ranks_and_changes_the_reduced_gradients(runs: Runs) -> None:
@@ -44,7 +44,7 @@ def test_the_data_parallel_association_needs_three_ranks_and_changes_the_reduced
     run = open_run(_alone(runs, "dp_allreduce", **DP3))  # type: ignore[arg-type]
     result = compare(off.records(), run.records())
     assert result.first_step == 0 and str(result.first_site).startswith("grad:"), result.first_site
-    assert sources_on(run.manifest["determinism"]) == ["dp_allreduce"]
+    assert sources_on(run.attrs["determinism"]) == ["dp_allreduce"]
     # every activation of step 0 precedes the reduction: none of them differs
     assert not any(result.frontier.get(site) == 0 for site in result.common_sites if site.startswith("act:"))
 

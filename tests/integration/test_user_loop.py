@@ -25,14 +25,14 @@ def test_every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_
     assert set(run.site_table()["kind"]) == ALL_KINDS
     assert run.status == "complete" and run.steps_completed == 4
     assert run.scalars["loss"].notna().all() and (run.scalars["step_time"] > 0).all()
-    info = run.info
+    info = run.manifest
     assert info.producer == USER_LOOP and info.layout.tp == 2 and info.layout.world_size == 2
     assert info.model is not None and (info.model.num_layers, info.model.hidden_size, info.model.vocab_size) == \
         (2, 32, 128)
     assert info.precision == "fp32" and info.deterministic is True and info.seed == 1234
     assert info.user_config is not None and info.user_config["tp"] == 2
-    assert run.manifest["determinism"]["transformer_config"]["deterministic_mode"] is True
-    assert "kinds_missing" not in run.manifest
+    assert run.attrs["determinism"]["transformer_config"]["deterministic_mode"] is True
+    assert "kinds_missing" not in run.attrs
 
 
 def test_two_runs_of_the_loop_are_bitwise_identical_one_with_a_validation_loss(user_runs: Path) -> None:
@@ -51,7 +51,7 @@ def test_a_one_bit_change_is_found_at_its_step_and_module(user_runs: Path) -> No
 
 def test_a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage(user_runs: Path) -> None:
     run = open_run(user_runs / "pp2")
-    assert run.info.layout.pp == 2
+    assert run.manifest.layout.pp == 2
     assert set(run.site_table()["kind"]) == ALL_KINDS
     assert run.scalars["loss"].notna().all()  # logged on rank 1 only, stored by rank 0
     assert run.scalars["val_loss"][[1, 3]].notna().all()  # so is the validation loss
@@ -80,14 +80,14 @@ def test_a_loop_that_raises_leaves_a_failed_store(tmp_path: Path) -> None:
     assert result.returncode != 0
     run = open_run(tmp_path / "fails")
     assert run.status == "failed"
-    assert "the loop failed at step 2" in run.manifest["error"]["message"]
+    assert "the loop failed at step 2" in run.attrs["error"]["message"]
     assert run.steps_completed == 2
     assert run.recorded_steps_completed == 2  # one process: its site rows need no reduction, none is lost
 
 
 def test_kinds_asked_for_and_never_seen_are_a_warning_and_in_the_manifest(tmp_path: Path) -> None:
     result = train_user_loop(tmp_path / "no-opt", "--no-optimizer", ranks=1)
-    missing = open_run(tmp_path / "no-opt").manifest["kinds_missing"]
+    missing = open_run(tmp_path / "no-opt").attrs["kinds_missing"]
     assert set(missing) == {"grad", "exp_avg", "exp_avg_sq"}
     assert "never saw" in result.stderr and "grad" in missing and "optimizer" in missing["grad"]
 

@@ -66,7 +66,7 @@ def test_import_megatron_gives_the_runs_scalars_as_float32(tmp_path: Path, golde
         np.testing.assert_array_equal(run.scalars[name].to_numpy(),
                                       golden.scalars[name].to_numpy(np.float32).astype(np.float64), err_msg=name)
     assert list(np.flatnonzero(np.isfinite(run.scalars["val_loss"].to_numpy()))) == [3, 7]  # --eval-interval 4
-    assert {"lm loss vs samples", "lm loss validation ppl"} <= set(run.manifest["imported"]["other_tags"])
+    assert {"lm loss vs samples", "lm loss validation ppl"} <= set(run.attrs["imported"]["other_tags"])
     assert cli(["check", str(out), "--golden", str(MEGATRON_GOLDEN)]) == 0
     # float32 is not the run's float64, and an import has no weights: bitwise it fails, to 1e-6 it passes
     assert cli(["check", str(out), "--golden", str(GOLDEN)]) == 1
@@ -77,8 +77,8 @@ def test_import_te_gives_the_linear_layers_weights_and_weight_gradients(tmp_path
     out = tmp_path / "te-example"
     assert cli(["import-te", str(TE_DEBUG), "--out", str(out)]) == 0
     run = open_run(out)
-    assert run.info.producer == "import: transformer_engine_debug_log"
-    assert run.manifest["imported"]["skipped_metrics"] == []
+    assert run.manifest.producer == "import: transformer_engine_debug_log"
+    assert run.attrs["imported"]["skipped_metrics"] == []
     records = run.records(lazy=False)
     assert records.steps == list(golden.scalars.index)
     assert sorted(records.sites) == sorted(f"{kind}:layers.{i}.{layer}.weight" for kind in ("param", "grad")

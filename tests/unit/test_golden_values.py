@@ -194,15 +194,15 @@ def test_megatron_tensorboard_scalars_become_a_run(tmp_path: Path, capsys: pytes
     assert cli(["import-megatron", str(tmp_path / "tb"), "--out", str(tmp_path / "mlm"), "--tokens-per-step",
                 "1000"]) == 0
     run = open_run(tmp_path / "mlm")
-    assert run.status == "complete" and run.info.producer == "import: megatron-lm tensorboard"
+    assert run.status == "complete" and run.manifest.producer == "import: megatron-lm tensorboard"
     assert run.steps_completed == 6 and not run.has_sites
     loss = run.scalars["loss"]
     assert loss[0] == 9.75 and loss[3] == 9.0 and math.isnan(loss[2])  # iteration 4 is step 3; 3 was not logged
     assert run.scalars["tokens_per_s"][0] == 2000.0
     val = run.scalars["val_loss"]  # after iteration k's update: step k - 1
     assert val[1] == 10.5 and val[5] == 9.5 and math.isnan(val[0]) and math.isnan(val[4])
-    assert "num-zeros" in run.manifest["imported"]["other_tags"]
-    assert "lm loss validation" not in run.manifest["imported"]["other_tags"]
+    assert "num-zeros" in run.attrs["imported"]["other_tags"]
+    assert "lm loss validation" not in run.attrs["imported"]["other_tags"]
     assert cli(["ls", str(tmp_path)]) == 0
     assert cli(["golden", str(tmp_path / "mlm"), "--megatron", "--out", str(tmp_path / "g.json")]) == 0
     assert cli(["check", str(tmp_path / "mlm"), "--golden", str(tmp_path / "g.json")]) == 0

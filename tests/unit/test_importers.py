@@ -61,9 +61,9 @@ def test_an_imported_run_reads_as_a_complete_run(stores: dict[str, Path], tmp_pa
     run = open_run(import_te_log(log, tmp_path / "runs" / "imported", name="te-a"))
     assert run.name == "te-a" and run.status == "complete" and run.steps_completed == STEPS
     assert run.scalars["loss"].isna().all()
-    assert run.manifest["imported"]["format"] == "transformer_engine_debug_log"
-    assert run.manifest["imported"]["files"] == [str(log.resolve())]
-    assert "not of the tensor" in run.manifest["imported"]["fingerprint"]
+    assert run.attrs["imported"]["format"] == "transformer_engine_debug_log"
+    assert run.attrs["imported"]["files"] == [str(log.resolve())]
+    assert "not of the tensor" in run.attrs["imported"]["fingerprint"]
     assert int(run.site_table()["numel"].iloc[0]) == 65536  # from the logged count
     assert list_runs(tmp_path / "runs")["steps"].tolist() == [f"{STEPS}/{STEPS}"]
 
@@ -143,11 +143,11 @@ def test_every_rank_of_a_folder_is_read_first_value_kept(stores: dict[str, Path]
     write_te_log(te_log_path(tmp_path, rank=10), second)
     write_te_log(te_log_path(tmp_path, rank=2), first)
     run = open_run(import_te_log(tmp_path, tmp_path / "run"))
-    assert [Path(f).name for f in run.manifest["imported"]["files"]] == [
+    assert [Path(f).name for f in run.attrs["imported"]["files"]] == [
         "nvdlfw_inspect_globalrank-2.log", "nvdlfw_inspect_globalrank-10.log"]
     imported = run.records(lazy=False)
     assert imported.sites == sites[:5]
-    assert run.manifest["imported"]["conflicting_duplicates"] == STEPS * len(DEFAULT_STATS)
+    assert run.attrs["imported"]["conflicting_duplicates"] == STEPS * len(DEFAULT_STATS)
     np.testing.assert_array_equal(imported.stats.sel(site=sites[2], stat="l2"), records.stats.sel(site=sites[2],
                                                                                                   stat="l2"))
 

@@ -81,7 +81,7 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     a = _user_loop_store(tmp_path / "mine-a", seed=1)
     b = _user_loop_store(tmp_path / "mine-b", seed=1, diverge_at=(3, 4))
     run = open_run(a)
-    assert run.info.producer == "user loop" and run.info.user_config == {"megatron_args": {"lr": 3e-4}}
+    assert run.manifest.producer == "user loop" and run.manifest.user_config == {"megatron_args": {"lr": 3e-4}}
     with pytest.raises(ForeignRunError, match="not by the workbench runner"):
         run.config  # noqa: B018
     assert list(list_runs(tmp_path).config) == ["L2 H64 TP1-PP1-DP1 fp32 det", "L2 H64 TP1-PP1-DP1 fp32 det"]
@@ -91,7 +91,7 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     assert main(["study", str(tmp_path)]) == 0
     assert "mine-b vs mine-a: first differ at step 3" in capsys.readouterr().out
     ws = Workspace.open(tmp_path)
-    assert ws.roles.reference == "mine-a" and ws.runs["mine-a"].info.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
+    assert ws.roles.reference == "mine-a" and ws.runs["mine-a"].manifest.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
     assert main(["replay", str(a), "--step", "1"]) == 2
     assert "not by the workbench runner" in capsys.readouterr().err
 

@@ -58,7 +58,7 @@ def test_the_typed_fields_are_read_from_the_store(tmp_path: Path) -> None:
     doc = json.loads(meta.read_text())
     doc["attributes"].update(resumes=[2], fault="none", started_from={"run": "x", "run_id": "x-1", "step": 1})
     meta.write_text(json.dumps(doc))
-    parsed = Workspace.open(run).runs["r"].info
+    parsed = Workspace.open(run).runs["r"].manifest
     assert parsed.resumes == (2,) and parsed.fault is None and parsed.started_from == {"run": "x", "run_id": "x-1",
                                                                                         "step": 1}
 

@@ -52,7 +52,7 @@ def test_running_store_of_a_dead_launcher_reads_interrupted(tmp_path: Path) -> N
     run_dir = write_synthetic_run(tmp_path / "r", status="running")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    update_manifest(run_dir, launcher={"pid": dead.pid, "host": open_run(run_dir).manifest["host"]})
+    update_manifest(run_dir, launcher={"pid": dead.pid, "host": open_run(run_dir).attrs["host"]})
     assert open_run(run_dir).status == "interrupted"
 
 
@@ -103,7 +103,7 @@ def test_list_runs(tmp_path: Path) -> None:
 
 
 def test_manifest_records_determinism_and_versions(synthetic_run: Path) -> None:
-    manifest = open_run(synthetic_run).manifest
+    manifest = open_run(synthetic_run).attrs
     assert manifest["schema_version"] == layout.SCHEMA_VERSION
     assert manifest["determinism"]["deterministic"] is True
     assert manifest["determinism"]["required_env"]["NCCL_ALGO"] == "Ring"

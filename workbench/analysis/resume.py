@@ -141,8 +141,8 @@ def check_resumed_run(resumed: Run, reference: Run, *, from_step: int | None = N
     """``resume_check`` of two runs. The floor defaults to the run whose checkpoint ``resumed`` started from
     (its manifest's ``started_from``, at another layout) where that folder still exists and is not ``reference``
     itself: checked against the run it started from, there is no distance to measure a floor by."""
-    if floor is None and resumed.info.started_from is not None:
-        writer = Path(str(resumed.info.started_from.get("run")))
+    if floor is None and resumed.manifest.started_from is not None:
+        writer = Path(str(resumed.manifest.started_from.get("run")))
         if writer.is_dir() and writer.resolve() != reference.path.resolve():
             floor = open_run(writer)
     return resume_check(resumed.records(), reference.records(), from_step=from_step,

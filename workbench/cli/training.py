@@ -139,4 +139,4 @@ def _investigate_faults(directory: Path) -> None:
         found = investigate(ws.runs[name].path, reference=ws.runs[ws.roles.reference].path, overwrite=True,
                             progress=prefixed(printer, f"investigate {name}: "))
         printer(f"investigate {name}: done in {time.monotonic() - start:.1f} s", final=True)
-        print_safe(f"\nanomaly, replay and bisect of {name} ({ws.runs[name].info.fault}):\n{found.summary()}")
+        print_safe(f"\nanomaly, replay and bisect of {name} ({ws.runs[name].manifest.fault}):\n{found.summary()}")

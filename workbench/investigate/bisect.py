@@ -102,9 +102,9 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
     site = None if first is None else first.site
     origins = result.origin_sites if step == result.first_step else []
     skipped = None
-    if a.info.layout.pp > 1 or b.info.layout.pp > 1:
+    if a.manifest.layout.pp > 1 or b.manifest.layout.pp > 1:
         skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
-    elif a.info.layout.ep > 1 or b.info.layout.ep > 1:
+    elif a.manifest.layout.ep > 1 or b.manifest.layout.ep > 1:
         skipped = ("operation tracing supports EP = 1 only: the expert-parallel ranks run different experts' "
                    "operations, and the trace of one rank does not hold the others'")
     replays: list[Replay] = []

@@ -89,7 +89,7 @@ def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> No
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return
     existing = layout.resolve_run_dir(run_dir)
-    if existing is None or open_run(existing).info.replay is None:
+    if existing is None or open_run(existing).manifest.replay is None:
         raise ArgumentError(f"{run_dir} exists and is not a replay; choose another --out (a replay never "
                           "overwrites anything else)")
     if not overwrite:
@@ -104,7 +104,7 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
     original = open_run(run_path)
     for key, what in (("replay", "itself a replay"), ("imported", "an imported run"),
                       ("synthetic", "a synthetic run")):
-        if original.manifest.get(key):
+        if original.attrs.get(key):
             raise ArgumentError(f"{original.path} is {what}; only a run trained by the workbench can be replayed")
     cfg = original.config  # ForeignRunError for a run another producer made
     if not isinstance(step, int) or not 0 <= step < cfg.steps:

@@ -168,7 +168,7 @@ class TrainingRun:
             if deterministic is not None:
                 switches["deterministic"] = deterministic
             name = name or self.run_dir.name
-            self.info = RunManifest(run_id=new_run_id(name), name=name, producer=USER_LOOP,
+            self.manifest = RunManifest(run_id=new_run_id(name), name=name, producer=USER_LOOP,
                                     model=signature, layout=live_layout(config), precision=precision,
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)
@@ -195,7 +195,7 @@ class TrainingRun:
 
     def _create_store(self, user_config: Mapping[str, Any] | None) -> None:
         create_store(self.run_dir, store_attributes(
-            self.info, status=layout.Status.RUNNING, user_config_hash=_user_config_hash(user_config),
+            self.manifest, status=layout.Status.RUNNING, user_config_hash=_user_config_hash(user_config),
             **environment_facts(Path.cwd()), working_directory=str(Path.cwd()), runtime=self._runtime,
             heartbeat={"at": time.time(), "every_s": self._heartbeat_s}, steps_planned=self._steps), self._steps)
         self._scalars = ScalarWriter(self.run_dir, self._flush_every)

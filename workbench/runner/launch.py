@@ -243,7 +243,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         check_precision_supported(cfg.precision, on_gpu=_has_gpu())
     if resume:
         existing = open_run(paths.run_dir)
-        if existing.info.config_hash != cfg.numerics_hash():
+        if existing.manifest.config_hash != cfg.numerics_hash():
             raise CheckpointError(f"{paths.run_dir}: the store was written with a different config "
                                   f"({existing.config.summary()}); resume needs the same config")
         if not paths.checkpoint_steps():

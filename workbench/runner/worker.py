@@ -272,7 +272,7 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
     _exit_when_orphaned()
     paths = layout.RunPaths(run_dir)
     run_store = open_run(run_dir)
-    cfg, manifest = run_store.config, run_store.manifest
+    cfg, manifest = run_store.config, run_store.attrs
     rank = int(os.environ["RANK"])
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

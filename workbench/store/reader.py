@@ -57,35 +57,37 @@ class Run:
         return self.paths.run_dir
 
     @cached_property
-    def manifest(self) -> dict[str, Any]:
+    def attrs(self) -> dict[str, Any]:
+        """The store's attributes as written (JSON): every field, including those the typed manifest does
+        not name. Read ``manifest`` instead wherever a field is named."""
         return dict(self._root.attrs)
 
     @cached_property
-    def info(self) -> RunManifest:
+    def manifest(self) -> RunManifest:
         """The typed manifest: model signature, layout, precision, determinism, producer."""
-        return parse_manifest(self.manifest, source=str(self.paths.store))
+        return parse_manifest(self.attrs, source=str(self.paths.store))
 
     @property
     def name(self) -> str:
-        return self.info.name
+        return self.manifest.name
 
     @property
     def run_id(self) -> str:
-        return self.info.run_id
+        return self.manifest.run_id
 
     @cached_property
     def config(self) -> RunConfig:
         """The workbench runner's config of this run; ``ForeignRunError`` for any other producer's run."""
-        if self.info.config is None:
-            raise ForeignRunError(f"{self.path}: made by {self.info.producer!r}, not by the workbench runner: it "
+        if self.manifest.config is None:
+            raise ForeignRunError(f"{self.path}: made by {self.manifest.producer!r}, not by the workbench runner: it "
                                   "has no workbench run config")
-        return RunConfig.from_dict(self.info.config, source=f"{self.paths.store} (manifest)")
+        return RunConfig.from_dict(self.manifest.config, source=f"{self.paths.store} (manifest)")
 
     @cached_property
     def steps_planned(self) -> int:
         """Rows of the scalars: bounded by what the manifest plans, every scalar array of that shape."""
         planned = int(layout.array(self._scalars, layout.DONE_FIELD).shape[0])
-        stated = self.manifest.get("steps_planned", (self.info.config or {}).get("steps"))
+        stated = self.attrs.get("steps_planned", (self.manifest.config or {}).get("steps"))
         bound = stated if isinstance(stated, int) and not isinstance(stated, bool) else layout.MAX_STEPS
         if planned > bound:
             raise DamagedStoreError(f"{self.paths.store}: the scalars declare {planned} steps where the manifest "
@@ -99,7 +101,7 @@ class Run:
     def every_chunk_written(self) -> bool:
         """Whether every chunk of a done row is on disk (``layout.EVERY_CHUNK_WRITTEN``): then a missing one
         of any array is damage; in older stores only the site records are checked."""
-        return self.manifest.get(layout.EVERY_CHUNK_WRITTEN) is True
+        return self.attrs.get(layout.EVERY_CHUNK_WRITTEN) is True
 
     @property
     def done(self) -> np.ndarray:
@@ -291,8 +293,8 @@ class Run:
                                      layout.SITE_DIM: fingerprints.columns.to_numpy(),
                                      layout.STAT_DIM: self._stat_names(group)})
         return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
-                          model=self.info.model.shape() if self.info.model else {}, status=self.status,
-                          resumes=self.info.resumes, scalars=self.scalars)
+                          model=self.manifest.model.shape() if self.manifest.model else {}, status=self.status,
+                          resumes=self.manifest.resumes, scalars=self.scalars)
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""
@@ -380,7 +382,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         raise DamagedStoreError(f"{path}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
                                 "created by its producer (try again in a moment) or it is damaged")
     run = Run(run_dir)
-    _ = run.info  # every manifest field checked once, here, before any verb reads one
+    _ = run.manifest  # every manifest field checked once, here, before any verb reads one
     return run
 
 
@@ -402,7 +404,7 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
 
 
 def _row(run: Run) -> list[Any]:
-    return [run.name, run.run_id, run.info.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
+    return [run.name, run.run_id, run.manifest.summary(), f"{run.steps_completed}/{run.steps_planned}", run.status,
             run.final_loss, str(run.path)]
 
 

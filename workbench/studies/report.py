@@ -115,7 +115,7 @@ def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: st
                      f"{_table(t.frame, index=t.index, floats=t.format)}" for t in summary.tables())
     manifests = "".join(
         f"<details><summary>{html.escape(name)} ({html.escape(run.run_id)})</summary>"
-        f"<pre>{html.escape(json.dumps(run.manifest, indent=1, default=str))}</pre></details>"
+        f"<pre>{html.escape(json.dumps(run.attrs, indent=1, default=str))}</pre></details>"
         for name, run in ws.runs.items())
     figures = "".join(f'<section class="figure" id="{html.escape(name)}">{body}</section>'
                       for name, body in bodies.items())

@@ -11,7 +11,7 @@
   had on (an attribution study);
 * the *others* are what is left: precision and layout changes.
 
-    roles = find_roles({name: run.info for name, run in runs.items()}, recorded)
+    roles = find_roles({name: run.manifest for name, run in runs.items()}, recorded)
     roles.reference, roles.floor_runs, roles.repeat_of("det-r1")
 """
 

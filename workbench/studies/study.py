@@ -177,7 +177,7 @@ def is_complete(run_dir: Path, cfg: RunConfig) -> bool:
         run = open_run(run_dir)
     except (RunNotFoundError, NotARunError):
         return False
-    return (run.status == Status.COMPLETE and run.info.config_hash == cfg.numerics_hash()
+    return (run.status == Status.COMPLETE and run.manifest.config_hash == cfg.numerics_hash()
             and run.steps_completed == cfg.steps)
 
 

@@ -98,7 +98,7 @@ class Workspace:
                 if not found:
                     raise RunNotFoundError(f"{path}: neither a run nor a folder of runs (no run.zarr under it)")
                 # Replays (``workbench replay``/``bisect``) repeat part of a run: opened only when named.
-                folders += [f for f in found if open_run(f).info.replay is None]
+                folders += [f for f in found if open_run(f).manifest.replay is None]
             else:
                 raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
                                        "(or `workbench demo`)")
@@ -150,11 +150,11 @@ class Workspace:
     @cached_property
     def roles(self) -> Roles:
         """What each run is for (``studies.roles``), from the manifests alone."""
-        return find_roles({name: run.info for name, run in self.runs.items()}, self.recorded)
+        return find_roles({name: run.manifest for name, run in self.runs.items()}, self.recorded)
 
     def trained_here(self, name: str) -> bool:
         """Whether the workbench's runner trained ``name`` (so that replay and bisect can retrain it)."""
-        return self.runs[name].info.producer == RUNNER
+        return self.runs[name].manifest.producer == RUNNER
 
     def attribution(self, *, stat: str = "l2", warmup: int = 2, interval: float = 95.0) -> pd.DataFrame:
         """``analysis.sources.attribution``: the first run of each source against the reference, with the noise
@@ -184,8 +184,8 @@ class Workspace:
     def on_cpu(self) -> bool:
         """Whether any run here says it ran on a CPU (where nondeterminism is emulated and costs are the
         emulation's); runs that do not say (imported ones) do not count."""
-        return any(str(r.manifest["runtime"].get("device", "cpu")).startswith("cpu") for r in self.runs.values()
-                   if isinstance(r.manifest.get("runtime"), dict))
+        return any(str(r.attrs["runtime"].get("device", "cpu")).startswith("cpu") for r in self.runs.values()
+                   if isinstance(r.attrs.get("runtime"), dict))
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
@@ -216,8 +216,8 @@ class Workspace:
         recorded = [n for n in self.roles.seed_runs if n in self.recorded]
         base = reference or self.roles.reference
         base = base if base in recorded else (recorded[0] if recorded else base)
-        seed = self.runs[base].info.seed
-        others = [n for n in recorded if self.runs[n].info.seed != seed]
+        seed = self.runs[base].manifest.seed
+        others = [n for n in recorded if self.runs[n].manifest.seed != seed]
         return self.ladder(others, reference=base, stat=stat, floor=False) if others else None
 
     def cost(self, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0,
@@ -226,10 +226,11 @@ class Workspace:
         (the recorder's time left out) or, with ``measure="step_time"``, from steps per second."""
         _check_measure(measure)
         wanted = set(configs) if configs is not None else None
-        samples = [ThroughputSample(run.info.configuration(), bool(run.info.deterministic), self._rate(name, measure))
+        samples = [ThroughputSample(run.manifest.configuration(), bool(run.manifest.deterministic),
+                                    self._rate(name, measure))
                    for name, run in self.runs.items()
-                   if name not in self.roles.faulted and run.info.deterministic is not None
-                   and (wanted is None or run.info.configuration() in wanted)]
+                   if name not in self.roles.faulted and run.manifest.deterministic is not None
+                   and (wanted is None or run.manifest.configuration() in wanted)]
         return determinism_cost(samples, warmup=warmup, interval=interval)
 
     def _rate(self, name: str, measure: str) -> np.ndarray:
@@ -254,7 +255,7 @@ class Workspace:
     @property
     def configurations(self) -> list[str]:
         """The configurations (apart from the determinism switch) of the runs, for the cost view."""
-        return sorted({r.info.configuration() for n, r in self.runs.items() if n not in self.roles.faulted})
+        return sorted({r.manifest.configuration() for n, r in self.runs.items() if n not in self.roles.faulted})
 
     # -- views -----------------------------------------------------------------------
 
@@ -384,10 +385,10 @@ class Workspace:
 
     def provenance(self, names: Iterable[str] | None = None) -> Provenance:
         runs = [self.runs[n] for n in (self.names if names is None else names)]
-        revisions = sorted({str(r.manifest.get("git_revision")) for r in runs if r.manifest.get("git_revision")})
+        revisions = sorted({str(r.attrs.get("git_revision")) for r in runs if r.attrs.get("git_revision")})
         return Provenance(runs=tuple(r.run_id for r in runs),
-                          configs=tuple(dict.fromkeys(r.info.summary() for r in runs)),
-                          schema_version=int(runs[0].manifest.get("schema_version", layout.SCHEMA_VERSION)
+                          configs=tuple(dict.fromkeys(r.manifest.summary() for r in runs)),
+                          schema_version=int(runs[0].attrs.get("schema_version", layout.SCHEMA_VERSION)
                                              if runs else layout.SCHEMA_VERSION),
                           revision=", ".join(revisions) or None)
 
