@@ -9,7 +9,7 @@ every statistic of its runs in the background once it is open (``Workspace.prelo
 computes the other statistics' views (``Workspace.read_ahead``); the benchmark says when that
 ended, then times a new statistic the first time and when cached. The first import of the
 widgets (plotly's widget module and what it imports, once per kernel) is timed on its own.
-Then the trajectory, ladder, cost and sweep-matrix widgets: each one's opening, when
+Then the trajectory, ladder, cost and pair-matrix widgets: each one's opening, when
 its background read ended, and each control's change (wall time of the change, first time
 and median of the repeats).
 """
@@ -101,14 +101,14 @@ def changes(control, values: list, repeats: int) -> tuple[float, float]:  # type
 def other_widgets(a: Path, b: Path, site: str, args: argparse.Namespace) -> None:
     from workbench.widgets.cost import CostWidget
     from workbench.widgets.ladder import LadderWidget
-    from workbench.widgets.sweep import SweepMatrixWidget
+    from workbench.widgets.pairs import PairMatrixWidget
     from workbench.widgets.trajectories import SITE_STATISTIC, TrajectoryWidget
 
     rows: list[tuple[str, float, float | None]] = []
     for label, make in (("trajectories", lambda: TrajectoryWidget(a.parent, runs=[a.name, b.name])),
                         ("ladder", lambda: LadderWidget(a.parent, runs=[b.name])),
                         ("cost", lambda: CostWidget(a.parent)),
-                        ("sweep matrix", lambda: SweepMatrixWidget(a.parent))):
+                        ("pair matrix", lambda: PairMatrixWidget(a.parent))):
         start = time.perf_counter()
         widget = make()
         rows.append((f"{label}: open", time.perf_counter() - start, None))

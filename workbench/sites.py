@@ -191,7 +191,7 @@ def layer_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# -- layer labels: the rows of the per-layer views (ladder, sweep by layer) -----------------------------------
+# -- layer labels: the rows of the per-layer views (ladder, sources) -----------------------------------
 
 _BEFORE_LAYERS = ("embedding",)
 _AFTER_LAYERS = ("final_layernorm", "output_layer", "loss")

@@ -53,7 +53,7 @@ def test_study_summary_of_a_folder_of_real_runs(runs: Runs) -> None:
     for name, overrides in (("base", {}), ("base-repeat", {}), ("nondet-a", {"deterministic": False}),
                             ("nondet-b", {"deterministic": False}), ("tp2", LAYOUTS["tp2"])):
         runs.get(name, **overrides)
-    result = subprocess.run([sys.executable, "-m", "workbench.cli", "study", str(runs.root)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "workbench.cli", "summary", str(runs.root)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout

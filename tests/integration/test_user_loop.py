@@ -68,7 +68,7 @@ def test_the_verbs_work_on_a_folder_of_user_runs(user_runs: Path, tmp_path: Path
     assert cli(["golden", str(user_runs / "tp2"), "--out", str(golden)]) == 0  # what a CI commits
     assert cli(["check", str(user_runs / "tp2-again"), "--golden", str(golden)]) == 0
     assert cli(["check", str(user_runs / "tp2-flip"), "--golden", str(golden)]) == 1  # its weights after step 2
-    assert cli(["study", str(user_runs)]) == 0
+    assert cli(["summary", str(user_runs)]) == 0
     assert cli(["report", str(user_runs), "--out", str(tmp_path / "report")]) == 0
     out = capsys.readouterr().out
     assert "first divergent step: 2" in out

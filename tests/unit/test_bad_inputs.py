@@ -100,7 +100,7 @@ BREAKS: dict[str, Callable[[Path], None]] = {
 """Broken copies of a good run store (``s`` is its ``run.zarr``)."""
 
 VERBS: list[list[str]] = [
-    ["study", "{bad}"],
+    ["summary", "{bad}"],
     ["compare", "{bad}", "{good}"],
     ["compare", "{good}", "{bad}", "--json"],
     ["check", "{bad}", "--golden", "{good}"],
@@ -336,7 +336,7 @@ def _put(attrs: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None
 
 
 PROPERTY_VERBS: list[list[str]] = [
-    ["study", "{bad}"],
+    ["summary", "{bad}"],
     ["compare", "{bad}", "{good}"],
     ["compare", "{good}", "{bad}", "--json"],
     ["check", "{bad}", "--golden", "{good}"],

@@ -96,8 +96,8 @@ def test_numbers_at_their_bounds_are_accepted() -> None:
     ["sweep", "study.toml", "--out", "{bad}"],
     ["demo", "--out", "{bad}"],
     ["report", "{a}", "-o", "{bad}/report.html"],
-    ["figure", "sweep", "{a}", "-o", "{bad}/sweep.html"],
-    ["figure", "sweep", "{a}", "-o", "{tmp}/sweep.html", "--data", "{bad}/sweep.csv"],
+    ["figure", "pairs", "{a}", "-o", "{bad}/pairs.html"],
+    ["figure", "pairs", "{a}", "-o", "{tmp}/pairs.html", "--data", "{bad}/pairs.csv"],
     ["import-te", "{tmp}/log.txt", "--out", "{bad}"],
     ["import-megatron", "{tmp}/tb", "--out", "{bad}"],
     ["replay", "{a}", "--step", "1", "--out", "{bad}"],
@@ -112,7 +112,7 @@ def test_an_output_under_a_file_is_refused(runs, tmp_path: Path, capsys: pytest.
     assert main([x.format(a=runs[0], bad=bad, tmp=tmp_path) for x in argv]) == 2
     err = _one_line_error(capsys)
     assert str(bad) in err and f"lies under {blocker}, which is a file" in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing created, not even sweep.html
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing created, not even pairs.html
 
 
 def test_an_output_folder_where_a_file_is_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,8 +15,10 @@ from workbench.analysis.elementwise import elementwise_difference
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.noise_floor import noise_floor
 from workbench.errors import ArgumentError
+from workbench.figures.cost import cost_figure
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
-from workbench.figures.studies import cost_figure, elementwise_figure, ladder_figure
+from workbench.figures.elementwise import elementwise_figure
+from workbench.figures.ladder import ladder_figure
 from workbench.figures.style import PALETTE, apply_style, floor_band, for_paper, resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance

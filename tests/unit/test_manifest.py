@@ -88,8 +88,10 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     assert main(["compare", str(a), str(b), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["first_step"] == 3
     assert main(["check", str(b), "--golden", str(a)]) == 1
-    assert main(["study", str(tmp_path)]) == 0
-    assert "mine-b vs mine-a: first differ at step 3" in capsys.readouterr().out
+    assert main(["summary", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "mine-b vs mine-a: first differ at step 3" in printed
+    assert main(["study", str(tmp_path)]) == 0 and capsys.readouterr().out == printed  # the verb's former name
     ws = Workspace.open(tmp_path)
     assert ws.roles.reference == "mine-a" and ws.runs["mine-a"].manifest.configuration() == "L2 H64 TP1-PP1-DP1 fp32"
     assert main(["replay", str(a), "--step", "1"]) == 2

@@ -7,8 +7,9 @@ from pathlib import Path
 from tests.helpers.stores import SCALARS, write_synthetic_run
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
-from workbench.studies.report import _page, anomaly_table, report_figures
+from workbench.studies.report import _page, report_figures
 from workbench.studies.summary import summarise
+from workbench.studies.views import anomaly_marks
 from workbench.studies.workspace import Workspace
 
 
@@ -24,7 +25,7 @@ def test_anomalies_of_every_run_are_marked_on_the_loss_and_listed(tmp_path: Path
     assert list(zip(found["step"], found["rule"], found["site"])) == [(20, "nonfinite", "scalar:loss")]
     assert ws.anomalies("b") is found  # cached
     assert ws.anomalies("a").empty and ws.anomalies("scalars-only").empty
-    table = anomaly_table(ws)
+    table = anomaly_marks(ws)
     assert list(table.columns[:3]) == ["run", "step", "rule"] and list(table["run"]) == ["b"]
     loss = report_figures(ws)["loss"]
     marker = [t for t in loss.data if t.name == "anomaly: nonfinite"][0]

@@ -45,7 +45,7 @@ def test_the_runs_table_is_shown_once_and_nothing_is_preformatted_but_the_manife
     assert len(summary.tables()) == 1
     page = _page(summary, ws, {}, "")
     assert "<h2>Summary</h2>" not in page and page.count(">run_<wbr>id</th>") == 1
-    for table in summary.tables():  # every table of the summary, under its heading, as in `workbench study`
+    for table in summary.tables():  # every table of the summary, under its heading, as in `workbench summary`
         assert html.escape(table.heading[1:]) in page and f"{table.heading}:" in summary.text()
     body = page[page.index("<body>"):page.index("<h2>Manifests</h2>")]
     assert "<pre>" not in body and body.count('class="dataframe data"') == 1 + len(summary.tables()) + 1

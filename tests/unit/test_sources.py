@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.sources import COLUMNS, acts_where_expected, attribution, source_cost, source_label
-from workbench.figures.studies import sources_figure
+from workbench.figures.sources import sources_figure
 
 
 def _summary() -> pd.DataFrame:

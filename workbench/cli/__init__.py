@@ -4,11 +4,11 @@
     workbench sweep STUDY.toml [--out DIR]
     workbench demo [--out DIR]
     workbench ls DIR
-    workbench study DIR
+    workbench summary DIR
     workbench compare A B [--json]
     workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
     workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
-    workbench figure heatmap|sweep|trajectories|ladder|sources|cost RUNS... -o FILE.pdf [--size column|page]
+    workbench figure heatmap|pairs|trajectories|ladder|sources|cost RUNS... -o FILE.pdf [--size column|page]
                      [--data FILE.csv]
     workbench resume-check RESUMED REFERENCE [--from-step K] [--floor RUN]
     workbench report RUNS... -o report.html [--format html|pdf]
@@ -18,7 +18,7 @@
     workbench replay RUN --step K [--out DIR] [--trace] [--overwrite] [--json]
     workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
 
-The verbs live by what they do: ``training`` (run, sweep, demo), ``reading`` (ls, study, compare, check,
+The verbs live by what they do: ``training`` (run, sweep, demo), ``reading`` (ls, summary, compare, check,
 golden, resume-check, anomalies), ``figures`` (figure, report), ``importing`` (import-te, import-megatron),
 ``investigating`` (replay, bisect); what they share is in ``_common``. A verb builds config objects, calls
 library functions and prints the result's own ``summary()``. A ``WorkbenchError`` is

@@ -10,7 +10,7 @@ from pathlib import Path
 from workbench.cli._common import ProgressPrinter, prefixed, writable_file
 from workbench.errors import ArgumentError
 
-FIGURES = ("heatmap", "sweep", "trajectories", "ladder", "sources", "cost")
+FIGURES = ("heatmap", "pairs", "trajectories", "ladder", "sources", "cost")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 def _add_figure(verbs: argparse._SubParsersAction) -> None:
     figure = verbs.add_parser("figure", help="one figure without a notebook, sized for a screen or a paper")
     figure.add_argument("kind", choices=FIGURES,
-                        help="heatmap A B: where two runs diverge; sweep DIR: every pair of a folder; "
+                        help="heatmap A B: where two runs diverge; pairs DIR: every pair of a folder; "
                         "trajectories RUN... or DIR: a scalar of each run; ladder DIR: precision and layout "
                         "changes per layer; sources DIR: which nondeterminism source matters (an attribution "
                         "study); cost DIR: what deterministic mode costs")
@@ -64,7 +64,7 @@ def _figure(args: argparse.Namespace) -> int:
     elif args.kind == "sources":
         view = views.sources(ws, args.stat)
     else:
-        view = views.sweep(ws) if args.kind == "sweep" else views.cost(ws)
+        view = views.pairs(ws) if args.kind == "pairs" else views.cost(ws)
     figure = for_paper(view.figure, args.size) if args.size != "screen" else view.figure
     (path,) = export_figures({args.out.stem: figure}, args.out.parent, [fmt])
     print(f"wrote {path}")

@@ -1,4 +1,4 @@
-"""The verbs that read run stores and say what they hold: ``ls``, ``study``, ``compare``, ``check``, ``golden``,
+"""The verbs that read run stores and say what they hold: ``ls``, ``summary``, ``compare``, ``check``, ``golden``,
 ``resume-check``, ``anomalies``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from workbench.cli._common import finite, print_safe, terminal_safe, whole, writ
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    for add in (_add_ls, _add_study, _add_compare, _add_check, _add_golden, _add_resume_check, _add_anomalies):
+    for add in (_add_ls, _add_summary, _add_compare, _add_check, _add_golden, _add_resume_check, _add_anomalies):
         add(verbs)
 
 
@@ -35,13 +35,14 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_study(verbs: argparse._SubParsersAction) -> None:
-    study = verbs.add_parser("study", help="summarise a folder of runs: findings, noise floor, determinism cost")
-    study.add_argument("directory", type=Path)
-    study.set_defaults(func=_study)
+def _add_summary(verbs: argparse._SubParsersAction) -> None:
+    summary = verbs.add_parser("summary", aliases=["study"],  # `study`: its former name, still accepted
+                               help="summarise a folder of runs: findings, noise floor, determinism cost")
+    summary.add_argument("directory", type=Path)
+    summary.set_defaults(func=_summary)
 
 
-def _study(args: argparse.Namespace) -> int:
+def _summary(args: argparse.Namespace) -> int:
     from workbench.studies.summary import summarise_study
 
     print_safe(summarise_study(args.directory).text())

@@ -27,10 +27,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 
-from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
 from workbench.errors import ExportError
-from workbench.figures.divergence import amplification_figure, divergence_heatmap
-from workbench.figures.studies import elementwise_figure
+from workbench.figures.divergence import amplification_figure
+from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.style import resized
 from workbench.studies import views
 from workbench.studies.summary import StudySummary, summarise
@@ -58,15 +57,6 @@ def comparison_pairs(ws: Workspace) -> list[tuple[str, str]]:
     return pairs[:MAX_PAIRS]
 
 
-def anomaly_table(ws: Workspace) -> pd.DataFrame:
-    """``Workspace.anomalies`` of every run in one table, with a leading ``run`` column."""
-    tables = [ws.anomalies(name).assign(run=name) for name in ws.names]
-    tables = [t for t in tables if not t.empty]  # pandas warns about concatenating empty tables
-    if not tables:
-        return pd.DataFrame(columns=["run", *ANOMALY_COLUMNS])
-    return pd.concat(tables, ignore_index=True)[["run", *ANOMALY_COLUMNS]]
-
-
 def _table(frame: pd.DataFrame, *, index: bool = False, floats: Callable[[float], str] | None = None) -> str:
     """``frame`` as an HTML table whose cells wrap: names may break after their dots and underscores
     (``leaves_floor_at``, ``grad:embedding.word_embeddings.weight``), so a wide table fits the page."""
@@ -89,10 +79,10 @@ def _anomaly_html(found: pd.DataFrame) -> str:
 
 def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     """Figures by file-safe name, in reading order."""
-    figures = {"loss": views.trajectories(ws, "loss", title="loss of every run", anomalies=anomaly_table(ws)).figure}
+    figures = {"loss": views.trajectories(ws, "loss", title="loss of every run", anomalies=True).figure}
     for a, b in comparison_pairs(ws):
         result = ws.comparison(a, b)
-        figures[f"heatmap-{a}-vs-{b}"] = divergence_heatmap(result, provenance=ws.provenance([a, b]))
+        figures[f"heatmap-{a}-vs-{b}"] = views.heatmap(ws, a, b).figure
         if not result.identical:
             figures[f"growth-{a}-vs-{b}"] = amplification_figure(result, provenance=ws.provenance([a, b]))
         for step in sorted(set(ws.runs[a].snapshots()) & set(ws.runs[b].snapshots()))[:1]:
@@ -127,7 +117,7 @@ def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: st
 <h2>Runs</h2>{runs}
 <h2>Findings (reference {html.escape(summary.reference)})</h2><ul>{findings}</ul>
 {tables}
-<h2>Anomalies</h2>{_anomaly_html(anomaly_table(ws))}
+<h2>Anomalies</h2>{_anomaly_html(views.anomaly_marks(ws))}
 <h2>Figures</h2>{figures}
 <h2>Manifests</h2>{manifests}
 </body></html>

@@ -2,7 +2,7 @@
 (against the noise floor and the seed-to-seed spread) and the cost of determinism.
 
 Opens every run under a folder as a ``Workspace`` (which also finds the reference and the
-noise-floor runs) and hands their records to the analysis functions. ``workbench study DIR`` and the demo print it.
+noise-floor runs) and hands their records to the analysis functions. ``workbench summary DIR`` and the demo print it.
 """
 
 from __future__ import annotations

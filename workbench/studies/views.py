@@ -4,21 +4,27 @@ and the seed-to-seed spread on every trajectory and ladder that has them).
 
     view = trajectories(ws, "loss")            # every run against the reference, floor and seed bands
     view.figure, view.data                     # a plotly figure; what it plots (one column per run)
-    heatmap(ws, "det-r0", "tp2"), sweep(ws), ladder(ws), sources(ws), cost(ws)
+    heatmap(ws, "det-r0", "tp2"), pairs(ws), ladder(ws), sources(ws), cost(ws)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analysis.anomalies import COLUMNS as ANOMALY_COLUMNS
+from workbench.analysis.ladder import Ladder
 from workbench.errors import ArgumentError
+from workbench.figures.cost import cost_figure
 from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
-from workbench.figures.studies import cost_figure, ladder_figure, sources_figure
-from workbench.figures.sweep import sweep_figure
+from workbench.figures.ladder import ladder_figure
+from workbench.figures.pairs import pairs_figure
+from workbench.figures.sources import sources_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.studies.workspace import Workspace
 
@@ -31,20 +37,50 @@ class View:
     data: pd.DataFrame
     indexed: bool = True
     """Whether ``data``'s index is part of the data (steps, sites), so that a CSV keeps it."""
+    result: Any = None
+    """The analysis result drawn, where there is one beyond ``data`` (a ``Ladder``), for a caller that links from
+    the figure to it (the ladder widget's clicks)."""
+
+
+def anomaly_marks(ws: Workspace, names: Iterable[str] | None = None) -> pd.DataFrame:
+    """``Workspace.anomalies`` of ``names`` (default: every run) in one table, with a leading ``run`` column."""
+    tables = [ws.anomalies(name).assign(run=name) for name in (ws.names if names is None else names)]
+    tables = [t for t in tables if not t.empty]  # pandas warns about concatenating empty tables
+    if not tables:
+        return pd.DataFrame(columns=["run", *ANOMALY_COLUMNS])
+    return pd.concat(tables, ignore_index=True)[["run", *ANOMALY_COLUMNS]]
 
 
 def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | None = None, *,
-                 title: str | None = None, anomalies: pd.DataFrame | None = None) -> View:
-    """A per-step scalar of ``names`` (default: every run, the reference first), the first being the reference,
-    with the noise floor's and the seed runs' envelopes as bands."""
+                 site: str | None = None, reference: str | None = None, steps: tuple[int, int] | None = None,
+                 floor: bool = True, seeds: bool = True, anomalies: bool | pd.DataFrame = False,
+                 log_y: bool = False, relative: bool = False, title: str | None = None) -> View:
+    """A per-step scalar (``quantity``), or with ``site`` the statistic ``quantity`` of that site, of ``names``
+    (default: every run, the reference first) against ``reference`` (default: the first), within ``steps``
+    (inclusive), with the noise floor's and the seed runs' envelopes as bands and, with ``anomalies``, each
+    run's anomalies marked (or the marks given)."""
     chosen = list(names) if names is not None else \
         [ws.roles.reference, *(n for n in ws.names if n != ws.roles.reference)]
-    if not chosen:
-        raise ArgumentError("no runs to draw")
-    series = ws.scalar(quantity, chosen)
-    figure = trajectory_figure(series, reference=chosen[0], quantity=quantity, floor=ws.scalar_floor(quantity),
-                               seed_spread=ws.scalar_seed_spread(quantity), provenance=ws.provenance(chosen),
-                               title=title, anomalies=anomalies)
+    if site is not None:
+        series = ws.site_series(site, quantity, [n for n in chosen if n in ws.recorded])
+    else:
+        series = ws.scalar(quantity, chosen)
+    if not series:
+        raise ArgumentError("no runs to draw" + (f" with per-site records of {site}" if site is not None else ""))
+    low, high = steps if steps is not None else (None, None)
+    series = {name: values.loc[low:high] for name, values in series.items()}
+
+    def band(which: list[str]) -> tuple[pd.Series, pd.Series] | None:
+        envelope = ws.site_band(site, quantity, which) if site is not None else ws.scalar_band(quantity, which)
+        return None if envelope is None else (envelope[0].loc[low:high], envelope[1].loc[low:high])
+
+    marks = anomalies if isinstance(anomalies, pd.DataFrame) else anomaly_marks(ws, series) if anomalies else None
+    figure = trajectory_figure(series, reference=reference if reference in series else next(iter(series)),
+                               quantity=f"{quantity} of {site}" if site is not None else quantity,
+                               floor=band(ws.roles.floor_runs) if floor else None,
+                               seed_spread=band(ws.roles.seed_runs) if seeds else None, log_y=log_y,
+                               relative=relative, anomalies=marks, provenance=ws.provenance(list(series)),
+                               title=title)
     return View(figure, pd.DataFrame(series))
 
 
@@ -55,31 +91,45 @@ def heatmap(ws: Workspace, a: str, b: str, stat: str = "l2") -> View:
     return View(divergence_heatmap(result, stat, provenance=ws.provenance([a, b]), matrix=matrix), matrix)
 
 
-def sweep(ws: Workspace, names: Iterable[str] | None = None) -> View:
+def pairs(ws: Workspace, names: Iterable[str] | None = None) -> View:
     """The first divergent step of every pair of recorded runs."""
-    matrix = ws.sweep_matrix(names)
-    return View(sweep_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table(), indexed=False)
+    matrix = ws.pair_matrix(names)
+    return View(pairs_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table(), indexed=False)
 
 
-def ladder(ws: Workspace, names: Iterable[str] | None = None, *, stat: str = "l2") -> View:
-    """``names`` (default: the precision and layout changes) against the reference, per layer, with the noise
-    floor's and the seed-to-seed bands."""
-    chosen = list(names) if names is not None else ws.roles.others
+def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str | None = None, stat: str = "l2",
+           seeds: bool = True, layers: Callable[[str], bool] | None = None) -> View:
+    """``names`` (default: the precision and layout changes) against ``reference`` (default: the workspace's),
+    per layer, with the noise floor's and (with ``seeds``) the seed-to-seed bands; with ``layers``, only the
+    layers whose label it keeps (``L0`` ..., ``embedding``, ``output_layer``, ``loss``)."""
+    reference = reference or ws.roles.reference
+    chosen = [n for n in (list(names) if names is not None else ws.roles.others) if n != reference]
     if not chosen:
         raise ArgumentError("no runs to set against the reference (no precision or layout change here)")
-    result = ws.ladder(chosen, stat=stat)
-    figure = ladder_figure(result, noise=ws.noise_ladder(stat=stat), seeds=ws.seed_ladder(stat=stat),
-                           provenance=ws.provenance([ws.roles.reference, *chosen]))
-    return View(figure, result.summary, indexed=False)
+
+    def kept(result: Ladder | None) -> Ladder | None:
+        if result is None or layers is None:
+            return result
+        labels = result.per_layer["layer"]
+        return dataclasses.replace(result, per_layer=result.per_layer[labels.map(lambda label: layers(str(label)))])
+
+    result = kept(ws.ladder(chosen, reference=reference, stat=stat))
+    assert result is not None
+    figure = ladder_figure(result, noise=kept(ws.noise_ladder(reference=reference, stat=stat)),
+                           seeds=kept(ws.seed_ladder(reference=reference, stat=stat)) if seeds else None,
+                           provenance=ws.provenance([reference, *chosen]))
+    return View(figure, result.summary, indexed=False, result=result)
 
 
-def sources(ws: Workspace, stat: str = "l2") -> View:
-    """Which nondeterminism source matters: each source alone against the reference, and what it costs."""
-    table = ws.attribution(stat=stat)
+def sources(ws: Workspace, stat: str = "l2", *, warmup: int = 2, interval: float = 95.0) -> View:
+    """Which nondeterminism source matters: each source alone against the reference, and what it costs (the
+    first ``warmup`` steps left out, a bootstrap ``interval``)."""
+    table = ws.attribution(stat=stat, warmup=warmup, interval=interval)
     if table.empty:
         raise ArgumentError(f"{', '.join(ws.names)}: no run here has a nondeterminism source on alone "
                             "(an attribution study: `workbench sweep workbench/examples/sources.toml`)")
-    return View(sources_figure(table, on_cpu=ws.on_cpu, provenance=ws.provenance()), table, indexed=False)
+    return View(sources_figure(table, on_cpu=ws.on_cpu, provenance=ws.provenance(), interval=interval), table,
+                indexed=False)
 
 
 def cost(ws: Workspace) -> View:

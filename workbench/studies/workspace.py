@@ -36,10 +36,10 @@ from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
 from workbench.analysis.ladder import Ladder, ladder
 from workbench.analysis.noise_floor import NoiseFloor, noise_floor
+from workbench.analysis.pairs import PairMatrix, pair_matrix
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
 from workbench.analysis.sources import attribution, source_cost
-from workbench.analysis.sweep import SweepMatrix, sweep_matrix
 from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.store import layout
 from workbench.store.manifest import RUNNER, Provenance
@@ -78,6 +78,7 @@ class Workspace:
         self._stat_values: dict[tuple[str, str], xr.DataArray] = {}
         self._scalars: dict[str, pd.DataFrame] = {}
         self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
+        self._ladders: dict[tuple[str, tuple[str, ...], str, bool], Ladder] = {}
         self._loading: dict[str, threading.Thread] = {}
         self._ahead: list[threading.Thread] = []
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
@@ -137,9 +138,9 @@ class Workspace:
         records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
         return self._cached(self._anomalies, (name, rules), lambda: find_anomalies(self.scalars(name), records, rules))
 
-    def sweep_matrix(self, names: Iterable[str] | None = None) -> SweepMatrix:
+    def pair_matrix(self, names: Iterable[str] | None = None) -> PairMatrix:
         """The first divergent step of every pair of ``names`` (default: every recorded run)."""
-        return sweep_matrix(list(names) if names is not None else self.recorded, self.comparison)
+        return pair_matrix(list(names) if names is not None else self.recorded, self.comparison)
 
     def comparison(self, a: str, b: str) -> Comparison:
         """``analysis.compare`` of two runs; cached."""
@@ -196,13 +197,18 @@ class Workspace:
 
     def ladder(self, names: Iterable[str], *, reference: str | None = None, stat: str = "l2",
                floor: bool = True) -> Ladder:
-        """``names`` against the reference (default: the workspace's), per layer, with the noise floor; from
-        the cached comparisons and statistics."""
-        reference, names = reference or self.roles.reference, list(names)
-        for name in names:
-            self.relative_difference(reference, name, stat)  # fills the comparison's cache from stat_values
-        return ladder(self.records(reference), [self.records(n) for n in names], floor=self.floor if floor else None,
-                      stat=stat, comparisons=[self.comparison(reference, n) for n in names])
+        """``names`` against the reference (default: the workspace's), per layer, with the noise floor; cached,
+        and computed from the cached comparisons and statistics."""
+        reference, chosen = reference or self.roles.reference, tuple(names)
+
+        def compute() -> Ladder:
+            for name in chosen:
+                self.relative_difference(reference, name, stat)  # fills the comparison's cache from stat_values
+            return ladder(self.records(reference), [self.records(n) for n in chosen],
+                          floor=self.floor if floor else None, stat=stat,
+                          comparisons=[self.comparison(reference, n) for n in chosen])
+
+        return self._cached(self._ladders, (reference, chosen, stat, floor), compute)
 
     def noise_ladder(self, *, reference: str | None = None, stat: str = "l2") -> Ladder | None:
         """The noise-floor runs against the reference: how far apart mere repeats drift."""

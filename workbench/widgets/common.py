@@ -1,8 +1,8 @@
 """What every widget shares: showing a figure in place, and the export bar (figures and CSV).
 
-    show(self.figure, sweep_figure(...))
-    self.export_bar = ExportBar(self.status, lambda: ({"sweep-matrix": go.Figure(self.figure)},
-                                                      {"sweep-matrix": matrix.table()}))
+    show(self.figure, pairs_figure(...))
+    self.export_bar = ExportBar(self.status, lambda: ({"pair-matrix": go.Figure(self.figure)},
+                                                      {"pair-matrix": matrix.table()}))
 """
 
 from __future__ import annotations

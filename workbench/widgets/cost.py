@@ -5,7 +5,7 @@
 
 Controls: the configurations, the measure (tokens/s with the recorder's time left out, or
 steps/s from the step time), the warm-up steps left out of each run and the bootstrap
-interval. The figure is ``workbench.figures.studies.cost_figure``, the table beside it the
+interval. The figure is ``workbench.figures.cost.cost_figure``, the table beside it the
 numbers; where the folder holds an attribution study (``workbench/examples/sources.toml``), a
 second figure and table give each nondeterminism source's cost against the runs with every
 source off. On a CPU the caveat is shown with them (CPU kernels are deterministic either way, so
@@ -20,7 +20,7 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.figures.studies import cost_figure
+from workbench.figures.cost import cost_figure
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
 from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
-from workbench.figures.studies import elementwise_figure
+from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES

@@ -4,7 +4,7 @@
     LadderWidget("data/runs/demo")                   # precisions, layouts, ... against the reference
 
 Controls: the reference, the runs compared with it, the statistic and the layer range. The
-figure is the ladder (``workbench.figures.studies.ladder_figure``: relative difference per
+figure is the ladder (``workbench.figures.ladder.ladder_figure``: relative difference per
 layer at the last step, and over steps) with the noise floor of nondeterministic repeats and
 the seed-to-seed spread (runs that differ only in seed; on or off);
 clicking a run's point at a layer opens a divergence explorer below on that pair, filtered to
@@ -14,7 +14,6 @@ the element-wise comparison. Export writes the figure and the per-layer table as
 
 from __future__ import annotations
 
-import dataclasses
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,9 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.analysis.ladder import Ladder
-from workbench.figures.studies import ladder_figure
 from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
+from workbench.studies import views
 from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
@@ -40,8 +39,6 @@ class LadderWidget(WorkbenchWidget):
         style = {"description_width": "initial"}
         self.directory = str(directory or runs_dir())
         self.ladder: Ladder | None = None
-        self._ladders: dict[tuple[str, tuple[str, ...], str], Ladder] = {}
-        self._bands: dict[tuple[str, str, str], Ladder | None] = {}
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.runs = widgets.SelectMultiple(description="compared runs", rows=6, style=style)
         self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
@@ -69,14 +66,14 @@ class LadderWidget(WorkbenchWidget):
         ws, reference = self.workspace, self.reference.value
         names = tuple(n for n in self.runs.value if n != reference)
         ws.preload([reference, *names, *ws.roles.floor_runs, *ws.roles.seed_runs])
-        ws.read_ahead([partial(_ladder_of, ws, self._ladders, self._bands, reference, names, stat)
+        ws.read_ahead([partial(_ladders_of, ws, reference, names, stat)
                        for stat in self.stat.options if stat != self.stat.value and names])
 
     def open_runs(self, directory: str | Path, *, runs: list[str] | None = None) -> None:
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.directory, self.workspace, self._ladders, self._bands = str(directory), workspace, {}, {}
+        self.directory, self.workspace = str(directory), workspace
         self.reference.options, self.reference.value = workspace.recorded, workspace.roles.reference
         self.runs.options = [n for n in workspace.recorded]
         chosen = runs or workspace.roles.others or [n for n in workspace.recorded if n != workspace.roles.reference][:3]
@@ -105,28 +102,15 @@ class LadderWidget(WorkbenchWidget):
         if not names:
             self.status.value = "choose one or more runs to compare with the reference"
             return
-        stat = self.stat.value
-        _ladder_of(self.workspace, self._ladders, self._bands, reference, tuple(names), stat)  # the expensive part
-        ladder = self._within_layers(self._ladders[(reference, tuple(names), stat)])  # the layer range filters
-        assert ladder is not None
-        self.ladder = ladder
-        noise = self._within_layers(self._bands[("noise", reference, stat)])
-        seeds = self._within_layers(self._bands[("seeds", reference, stat)]) if self.seeds.value else None
-        figure = ladder_figure(self.ladder, noise=noise, seeds=seeds,
-                               provenance=self.workspace.provenance([reference, *names]))
-        show(self.figure, figure)
+        view = views.ladder(self.workspace, names, reference=reference, stat=self.stat.value, seeds=self.seeds.value,
+                            layers=self._kept)
+        self.ladder = view.result
+        show(self.figure, view.figure)
         for trace in self.figure.data:  # a run's line and the triangle where it leaves the floor: its legend group
             if trace.legendgroup in names and trace.xaxis in (None, "x"):
                 trace.on_click(self._on_click)
         self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
                              "layer to see that layer's sites")
-
-    def _within_layers(self, ladder: Ladder | None) -> Ladder | None:
-        if ladder is None:
-            return None
-        layers = ladder.per_layer["layer"]
-        kept = [label for label in layers.unique() if self._kept(str(label))]
-        return dataclasses.replace(ladder, per_layer=ladder.per_layer[layers.isin(kept)])
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs:
@@ -158,15 +142,11 @@ class LadderWidget(WorkbenchWidget):
         return {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}
 
 
-def _ladder_of(workspace: Workspace, ladders: dict[tuple[str, tuple[str, ...], str], Ladder],
-               bands: dict[tuple[str, str, str], Ladder | None], reference: str, names: tuple[str, ...],
-               stat: str) -> int:
-    """Compute the ladder of ``names`` against ``reference`` and the noise-floor and seed ladders for ``stat``
-    into ``ladders`` and ``bands`` unless they are there; 0 bytes held beyond the workspace's relative
-    differences (``Workspace.read_ahead`` counts those)."""
-    if (reference, names, stat) not in ladders:
-        ladders[(reference, names, stat)] = workspace.ladder(names, reference=reference, stat=stat)
-    for which, make in (("noise", workspace.noise_ladder), ("seeds", workspace.seed_ladder)):
-        if (which, reference, stat) not in bands:
-            bands[(which, reference, stat)] = make(reference=reference, stat=stat)
+def _ladders_of(workspace: Workspace, reference: str, names: tuple[str, ...], stat: str) -> int:
+    """Compute (into the workspace's cache) the ladder of ``names`` against ``reference`` and the noise-floor and
+    seed ladders for ``stat``; 0 bytes held beyond the workspace's relative differences (``Workspace.read_ahead``
+    counts those)."""
+    workspace.ladder(names, reference=reference, stat=stat)
+    workspace.noise_ladder(reference=reference, stat=stat)
+    workspace.seed_ladder(reference=reference, stat=stat)
     return 0

@@ -10,8 +10,8 @@ the step range, the two bands a difference is judged against (the noise floor of
 nondeterministic repeats, the seed-to-seed spread of runs that differ only in seed; for
 ``val_loss``, the held-out loss, the second is the one that says whether a change matters)
 and the anomalies marked. Export writes the figure
-(PNG / SVG / PDF / HTML) and the plotted series as CSV. Only wiring lives here: data from
-``Workspace``, the figure from ``workbench.figures.trajectories``.
+(PNG / SVG / PDF / HTML) and the plotted series as CSV. Only wiring lives here: figure and
+data from ``workbench.studies.views.trajectories``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.figures.trajectories import trajectory_figure
+from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
+from workbench.studies import views
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
@@ -42,6 +43,8 @@ class TrajectoryWidget(WorkbenchWidget):
         super().__init__()
         style = {"description_width": "initial"}
         self.last_update_s = 0.0
+        self.plotted = pd.DataFrame()
+        """The series drawn last, one column per run (what the export bar writes as CSV)."""
         self.runs = widgets.SelectMultiple(description="runs", rows=6, style=style)
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.quantity = widgets.Dropdown(options=[*_SCALARS, SITE_STATISTIC], value=quantity if quantity in
@@ -99,52 +102,33 @@ class TrajectoryWidget(WorkbenchWidget):
             ws = self.workspace
             ws.preload([*self.runs.value, *ws.roles.floor_runs, *ws.roles.seed_runs])
 
-    def series(self) -> dict[str, pd.Series]:
-        """The plotted series, run name -> values by step, within the step range."""
+    def view(self) -> views.View:
+        """What the controls ask for (``studies.views.trajectories``)."""
         assert self.workspace is not None
-        names = list(self.runs.value)
-        if self.quantity.value == SITE_STATISTIC:
-            data = self.workspace.site_series(self.site.value, self.stat.value,
-                                              [n for n in names if n in self.workspace.recorded])
-        else:
-            data = self.workspace.scalar(self.quantity.value, names)
-        low, high = self.steps.value
-        return {name: values.loc[low:high] for name, values in data.items()}
+        site_mode = self.quantity.value == SITE_STATISTIC
+        return views.trajectories(self.workspace, self.stat.value if site_mode else self.quantity.value,
+                                  list(self.runs.value), site=self.site.value if site_mode else None,
+                                  reference=self.reference.value, steps=self.steps.value, floor=self.floor.value,
+                                  seeds=self.seeds.value, anomalies=self.anomalies.value, log_y=self.log_y.value,
+                                  relative=self.difference.value == "relative")
 
     def update(self) -> None:
         if self._quiet or self.workspace is None:
             return
         start = time.perf_counter()
-        series = self.series()
-        if not series:
+        try:
+            view = self.view()
+        except ArgumentError:
             self.status.value = "choose runs (with per-site records for a site statistic)"
             return
-        reference = self.reference.value if self.reference.value in series else next(iter(series))
-        site_mode = self.quantity.value == SITE_STATISTIC
-        quantity = f"{self.stat.value} of {self.site.value}" if site_mode else self.quantity.value
-        floor = self._band(self.workspace.roles.floor_runs) if self.floor.value else None
-        seeds = self._band(self.workspace.roles.seed_runs) if self.seeds.value else None
-        marks = None
-        if self.anomalies.value:
-            tables = [self.workspace.anomalies(n).assign(run=n) for n in series]
-            marks = pd.concat(tables, ignore_index=True) if tables else None
-        figure = trajectory_figure(series, reference=reference, floor=floor, seed_spread=seeds, quantity=quantity,
-                                   log_y=self.log_y.value, relative=self.difference.value == "relative",
-                                   anomalies=marks, provenance=self.workspace.provenance(list(series)))
-        show(self.figure, figure)
+        self.plotted = view.data
+        show(self.figure, view.figure)
         self.last_update_s = time.perf_counter() - start
-        self.status.value = (f"{quantity}: {len(series)} runs against {reference} "
+        quantity = f"{self.stat.value} of {self.site.value}" if self.quantity.value == SITE_STATISTIC \
+            else self.quantity.value
+        reference = self.reference.value if self.reference.value in view.data else view.data.columns[0]
+        self.status.value = (f"{quantity}: {len(view.data.columns)} runs against {reference} "
                              f"(updated in {1000 * self.last_update_s:.0f} ms)")
-
-    def _band(self, names: list[str]) -> tuple[pd.Series, pd.Series] | None:
-        """The envelope of the quantity over ``names`` (the noise-floor or the seed runs), in the step range."""
-        assert self.workspace is not None
-        if self.quantity.value == SITE_STATISTIC:
-            band = self.workspace.site_band(self.site.value, self.stat.value, names)
-        else:
-            band = self.workspace.scalar_band(self.quantity.value, names)
-        low, high = self.steps.value
-        return None if band is None else (band[0].loc[low:high], band[1].loc[low:high])
 
     def show_site(self, site: str, stat: str | None = None, runs: list[str] | None = None) -> None:
         """Show one site's statistic (from a click elsewhere, e.g. the divergence explorer)."""
@@ -166,4 +150,4 @@ class TrajectoryWidget(WorkbenchWidget):
     def exported(self) -> Exported | None:
         if not self.figure.data:
             return None
-        return {"trajectories": go.Figure(self.figure)}, {"trajectories": pd.DataFrame(self.series())}
+        return {"trajectories": go.Figure(self.figure)}, {"trajectories": self.plotted}

@@ -1,8 +1,8 @@
-"""The sweep matrix as a figure: first divergent step of every pair, identical groups outlined.
+"""The pair matrix as a figure: first divergent step of every pair, identical groups outlined.
 
-    sweep_figure(ws.sweep_matrix(), provenance=ws.provenance())
+    pairs_figure(ws.pair_matrix(), provenance=ws.provenance())
 
-Pure: a ``SweepMatrix`` in, a plotly figure out. Rows are run ``a``, columns run ``b``; a cell's
+Pure: a ``PairMatrix`` in, a plotly figure out. Rows are run ``a``, columns run ``b``; a cell's
 ``customdata`` is ``[a, b]`` (the widget opens that pair in the explorer).
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.analysis.sweep import SweepMatrix
+from workbench.analysis.pairs import PairMatrix
 from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, apply_style
 from workbench.store.manifest import Provenance
 
 
-def sweep_figure(matrix: SweepMatrix, *, provenance: Provenance | None = None) -> go.Figure:
+def pairs_figure(matrix: PairMatrix, *, provenance: Provenance | None = None) -> go.Figure:
     names = matrix.names
     steps = matrix.first_step.to_numpy(dtype="float64", na_value=np.nan)
     identical = matrix.identical.to_numpy(dtype=bool)

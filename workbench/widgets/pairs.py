@@ -1,9 +1,9 @@
-"""The sweep matrix widget: every pair of a folder's runs at a glance; click a cell to explore it.
+"""The pair matrix widget: every pair of a folder's runs at a glance; click a cell to explore it.
 
-    from workbench.widgets.sweep import SweepMatrixWidget
-    SweepMatrixWidget("data/runs/demo")
+    from workbench.widgets.pairs import PairMatrixWidget
+    PairMatrixWidget("data/runs/demo")
 
-The N x N figure of first divergent steps (``workbench.figures.sweep``), identical runs grouped;
+The N x N figure of first divergent steps (``workbench.figures.pairs``), identical runs grouped;
 clicking a cell opens that pair in a ``DivergenceExplorer`` below it. The export bar writes
 the figure (PNG / SVG / PDF / HTML) and the pairs as CSV. Only wiring lives here.
 """
@@ -16,20 +16,20 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from workbench.analysis.sweep import SweepMatrix
-from workbench.figures.sweep import sweep_figure
+from workbench.analysis.pairs import PairMatrix
+from workbench.figures.pairs import pairs_figure
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 
-class SweepMatrixWidget(WorkbenchWidget):
-    css_class = "workbench-sweep"
+class PairMatrixWidget(WorkbenchWidget):
+    css_class = "workbench-pairs"
 
     def __init__(self, directory: str | Path | None = None) -> None:
         super().__init__()
         self.directory = str(directory or runs_dir())
-        self.matrix: SweepMatrix | None = None
+        self.matrix: PairMatrix | None = None
         self.figure = go.FigureWidget()
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
@@ -40,15 +40,15 @@ class SweepMatrixWidget(WorkbenchWidget):
     def exported(self) -> Exported | None:
         if self.matrix is None:
             return None
-        return {"sweep-matrix": go.Figure(self.figure)}, {"sweep-matrix": self.matrix.table()}
+        return {"pair-matrix": go.Figure(self.figure)}, {"pair-matrix": self.matrix.table()}
 
     def open_runs(self, directory: str | Path) -> None:
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        matrix = workspace.sweep_matrix()
+        matrix = workspace.pair_matrix()
         self.directory, self.workspace, self.matrix = str(directory), workspace, matrix
-        show(self.figure, sweep_figure(matrix, provenance=workspace.provenance(matrix.names)))
+        show(self.figure, pairs_figure(matrix, provenance=workspace.provenance(matrix.names)))
         self.figure.data[1].on_click(self._on_click)
         identical = sum(len(g) for g in matrix.groups)
         self.status.value = (f"{len(matrix.names)} runs, {len(matrix.groups)} groups of bitwise identical runs "

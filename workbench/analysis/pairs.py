@@ -1,8 +1,8 @@
-"""The sweep matrix: the first divergent step of every pair of runs in a folder, with the runs
+"""The pair matrix: the first divergent step of every pair of runs in a folder, with the runs
 that are bitwise identical grouped — the overview a study of layouts, precisions or sources
 starts from.
 
-    matrix = sweep_matrix(names, ws.comparison)     # any (a, b) -> Comparison
+    matrix = pair_matrix(names, ws.comparison)     # any (a, b) -> Comparison
     matrix.first_step        # N x N, <NA> where a pair is identical (and on the diagonal)
     matrix.groups            # runs bitwise identical to each other, in the matrix's order
 
@@ -23,7 +23,7 @@ from workbench.errors import ArgumentError, IncomparableRunsError
 
 
 class PairVerdict(StrEnum):
-    """How two runs of a sweep compare."""
+    """How two runs of a folder compare."""
 
     IDENTICAL = "identical"
     DIFFER = "differ"
@@ -31,7 +31,7 @@ class PairVerdict(StrEnum):
 
 
 @dataclass(frozen=True)
-class SweepMatrix:
+class PairMatrix:
     names: list[str]
     """The runs, identical groups adjacent (groups in order of their first run's name)."""
     first_step: pd.DataFrame
@@ -54,11 +54,11 @@ class SweepMatrix:
         return pd.DataFrame(rows, columns=["a", "b", "verdict", "first_step"])
 
 
-def sweep_matrix(names: Sequence[str], comparison: Callable[[str, str], Comparison]) -> SweepMatrix:
+def pair_matrix(names: Sequence[str], comparison: Callable[[str, str], Comparison]) -> PairMatrix:
     """Compare every pair of ``names`` with ``comparison(a, b)``."""
     names = sorted(dict.fromkeys(names))
     if len(names) < 2:
-        raise ArgumentError(f"a sweep matrix needs two or more runs with per-site records, not {len(names)}")
+        raise ArgumentError(f"a pair matrix needs two or more runs with per-site records, not {len(names)}")
     first: dict[tuple[str, str], int | None] = {}
     same: dict[tuple[str, str], bool] = {}
     incomparable: dict[tuple[str, str], str] = {}
@@ -82,7 +82,7 @@ def sweep_matrix(names: Sequence[str], comparison: Callable[[str, str], Comparis
                 identical.loc[a, b] = same[(a, b)]
                 if not same[(a, b)] and first[(a, b)] is not None:
                     steps.loc[a, b] = first[(a, b)]
-    return SweepMatrix(names=order, first_step=steps, identical=identical, groups=groups, incomparable=incomparable)
+    return PairMatrix(names=order, first_step=steps, identical=identical, groups=groups, incomparable=incomparable)
 
 
 def _identical_groups(names: list[str], same: dict[tuple[str, str], bool]) -> list[list[str]]:

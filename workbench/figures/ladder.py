@@ -1,0 +1,111 @@
+"""The ladder as a figure: each run's relative difference from the reference per layer at the
+last step (left) and over steps (right), the noise floor's and the seed-to-seed bands behind them, and a
+marker where each run leaves the floor.
+
+    ladder_figure(ladder(ref, others), noise=ladder(ref, repeats), seeds=ladder(ref, seed_runs))
+
+Pure: an ``analysis.ladder.Ladder`` in, a plotly figure out.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.analysis.ladder import Ladder
+from workbench.figures.style import FONT_SIZE, NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band
+from workbench.sites import layer_order
+from workbench.store.manifest import Provenance
+
+
+def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder | None = None,
+                  provenance: Provenance | None = None) -> go.Figure:
+    """Left: relative error per layer at the last step, one line per run. Right: relative error over steps
+    (median over layers), on the same y axis. The noise floor (repeats against the same reference) and the
+    seed-to-seed spread (other seeds against one run) are bands. Where a run leaves the noise floor is a
+    triangle on its line in both panels (the layer on the left, the step on the right), and its legend entry
+    says both: nothing is written over the lines.
+
+    The legend lies above the plot, in the top margin (in a paper's sizes too: no subplot titles there); the
+    layer names are short ("emb", "L0", "ln_f", "out") and upright, at most eight of them (every n-th of a deep
+    model), so that they read at a paper column's width."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.03, shared_yaxes=True)
+    final = ladder.final_by_layer()
+    layers = layer_order([str(c) for c in final.columns])
+    for band, is_seeds in ((seeds, True), (noise, False)):
+        if band is None or band.per_layer.empty:
+            continue
+        name = SEED_SPREAD if is_seeds else NOISE_FLOOR
+        band_final = band.final_by_layer().reindex(columns=layers)
+        floor_band(fig, layers, band_final.min(), band_final.max(), col=1, name=name, log=True, seeds=is_seeds)
+        over_steps = band.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
+        floor_band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, name=name,
+                   show=False, log=True, seeds=is_seeds)
+    exits = ladder.summary.dropna(subset=["floor_exit_layer"]).set_index("run")
+    for i, run in enumerate(final.index):
+        values = pd.Series(final.loc[run, layers].to_numpy(dtype=float), index=layers)
+        values = values.where(values > 0)  # a log axis: no difference is a gap
+        steps = ladder.per_layer[ladder.per_layer["run"] == run].groupby("step")["relative_error"].median()
+        steps = steps.where(steps > 0)
+        exit_, legend = (exits.loc[run] if run in exits.index else None), str(run)
+        if exit_ is not None:
+            layer, step, site = str(exit_["floor_exit_layer"]), int(exit_["floor_exit_step"]), exit_["floor_exit_site"]
+            legend = f"{run} {_EXIT} {_short_layer(layer)}, step {step}"
+        # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
+        fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
+                                 legendgroup=str(run), showlegend=False, line=dict(color=colour(i))), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps.index, y=steps.to_numpy(), mode="lines", name=legend, legendgroup=str(run),
+                                 line=dict(color=colour(i))), row=1, col=2)
+        if exit_ is not None:  # drawn after the lines: on top of them
+            hover = f"{run} leaves the noise floor at step {step} in {layer} ({site})<extra></extra>"
+            for col, x, y in ((1, layer, values.get(layer)), (2, step, steps.get(step))):
+                fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=f"{run} leaves the noise floor",
+                                         legendgroup=str(run), showlegend=False, hovertemplate=hover,
+                                         marker=dict(symbol="triangle-up", size=13, color=colour(i),
+                                                     line=dict(color="#222222", width=1))), row=1, col=col)
+    apply_style(fig, title=f"relative difference of {ladder.stat} against {ladder.reference}",
+                provenance=provenance, height=520, room_below=_SECOND_TITLE_LINE)
+    entries = [str(t.name) for t in fig.data if t.showlegend is not False]
+    title = f"{_EXIT} leaves the noise floor: layer, step" if len(exits) else None
+    fig.update_layout(title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=14)),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", tracegroupgap=0,
+                                  title=dict(text=title, side="top")),
+                      margin=dict(t=_TITLE_BAND + _LEGEND_ROW * (_legend_rows(entries) + (title is not None))))
+    shown = layers[::max(1, -(-len(layers) // _MOST_LAYER_TICKS))]
+    fig.update_xaxes(title="layer<br>(at the last step)", type="category", categoryorder="array", categoryarray=layers,
+                     tickmode="array", tickvals=shown, ticktext=[_short_layer(lb) for lb in shown], tickangle=0,
+                     col=1)
+    fig.update_xaxes(title="step<br>(median of layers)", tickangle=0, col=2)
+    fig.update_yaxes(type="log", exponentformat="power", title="relative difference", col=1)
+    fig.update_yaxes(type="log", exponentformat="power", col=2)
+    return fig
+
+
+_EXIT = "▲"
+_MOST_LAYER_TICKS = 8
+"""Layer names under the left panel: at a paper column's width (~150 px, 9 px type) eight short ones fit upright."""
+_SHORT_LAYERS = {"embedding": "emb", "final_layernorm": "ln_f", "output_layer": "out"}
+_TITLE_BAND = 44
+"""Pixels above the legend for the title (13 px type and its padding)."""
+_LEGEND_ROW = 22
+"""Pixels a row of the legend (or its title) takes: 13 px type, no gap between groups (tracegroupgap=0)."""
+_SECOND_TITLE_LINE = 20
+"""Pixels under the plot for the x axis titles' second line (13 px type)."""
+
+
+def _short_layer(label: str) -> str:
+    """A layer's label as the ladder's axis writes it: ``emb``, ``L0`` ..., ``ln_f``, ``out``, ``loss``."""
+    return _SHORT_LAYERS.get(label, label)
+
+
+def _legend_rows(entries: list[str], width: float = 630.0) -> int:
+    """Rows of a horizontal legend of ``entries`` across ``width`` pixels (a 700 px figure less its left margin),
+    each entry its symbol (~40 px) and its text (~0.62 em a character)."""
+    rows, used = 1, 0.0
+    for entry in entries:
+        needed = 40 + 0.62 * FONT_SIZE * len(entry)
+        if used and used + needed > width:
+            rows, used = rows + 1, 0.0
+        used += needed
+    return rows
