@@ -28,6 +28,9 @@ from workbench.figures.sources import sources_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.studies.workspace import Workspace
 
+RATES = {"tokens_per_s": "tokens per second", "step_time": "steps per second"}
+"""The cost figures' axis for each measure ``Workspace.cost`` takes."""
+
 
 @dataclass(frozen=True)
 class View:
@@ -94,7 +97,8 @@ def heatmap(ws: Workspace, a: str, b: str, stat: str = "l2") -> View:
 def pairs(ws: Workspace, names: Iterable[str] | None = None) -> View:
     """The first divergent step of every pair of recorded runs."""
     matrix = ws.pair_matrix(names)
-    return View(pairs_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table(), indexed=False)
+    return View(pairs_figure(matrix, provenance=ws.provenance(matrix.names)), matrix.table(), indexed=False,
+                result=matrix)
 
 
 def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str | None = None, stat: str = "l2",
@@ -132,10 +136,25 @@ def sources(ws: Workspace, stat: str = "l2", *, warmup: int = 2, interval: float
                 indexed=False)
 
 
-def cost(ws: Workspace) -> View:
-    """What deterministic mode costs per configuration (tokens/s)."""
-    table = ws.cost()
+def cost(ws: Workspace, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0,
+         configs: Iterable[str] | None = None) -> View:
+    """What deterministic mode costs per configuration (``configs``, default: all), in tokens/s or, with
+    ``measure="step_time"``, steps/s; the first ``warmup`` steps left out, a bootstrap ``interval``."""
+    table = ws.cost(measure=measure, warmup=warmup, interval=interval, configs=configs)
     if table.empty:
         raise ArgumentError(f"{', '.join(ws.names)}: no configuration here has both a deterministic and a "
-                            "nondeterministic run")
-    return View(cost_figure(table, provenance=ws.provenance()), table, indexed=False)
+                            "nondeterministic run" + (" among those chosen" if configs is not None else ""))
+    figure = cost_figure(table, provenance=ws.provenance(), rate=RATES[measure], interval=interval)
+    return View(figure, table, indexed=False)
+
+
+def source_cost(ws: Workspace, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0) -> View:
+    """What making each nondeterminism source deterministic costs, against the runs with every source off."""
+    table = ws.source_cost(measure=measure, warmup=warmup, interval=interval)
+    if table.empty:
+        raise ArgumentError(f"{', '.join(ws.names)}: no runs here with one nondeterminism source on and runs "
+                            "with every source off")
+    figure = cost_figure(table, provenance=ws.provenance(), rate=RATES[measure], interval=interval,
+                         sides=("every source off", "source on"),
+                         title="what making each nondeterminism source deterministic costs")
+    return View(figure, table, indexed=False)

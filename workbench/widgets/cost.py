@@ -5,7 +5,7 @@
 
 Controls: the configurations, the measure (tokens/s with the recorder's time left out, or
 steps/s from the step time), the warm-up steps left out of each run and the bootstrap
-interval. The figure is ``workbench.figures.cost.cost_figure``, the table beside it the
+interval. The figure is ``workbench.studies.views.cost``, the table beside it the
 numbers; where the folder holds an attribution study (``workbench/examples/sources.toml``), a
 second figure and table give each nondeterminism source's cost against the runs with every
 source off. On a CPU the caveat is shown with them (CPU kernels are deterministic either way, so
@@ -20,7 +20,8 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.figures.cost import cost_figure
+from workbench.errors import ArgumentError
+from workbench.studies import views
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 
@@ -66,33 +67,38 @@ class CostWidget(WorkbenchWidget):
     def update(self) -> None:
         if self._quiet or self.workspace is None:
             return
-        measure = MEASURES[self.measure.value]
-        self.table = self.workspace.cost(measure=measure, warmup=self.warmup.value, interval=self.interval.value,
-                                         configs=self.configs.value)
-        rate = "tokens per second" if measure == "tokens_per_s" else "steps per second"
-        figure = cost_figure(self.table, provenance=self.workspace.provenance(), rate=rate,
-                             interval=self.interval.value)
-        show(self.figure, figure)
+        measure, warmup, interval = MEASURES[self.measure.value], self.warmup.value, self.interval.value
         self.numbers.clear_output()
-        with self.numbers:
-            print(self.table.to_string(index=False, float_format=lambda x: f"{x:.2f}") if not self.table.empty
-                  else "no configuration here has both deterministic and default runs")
-        self.status.value = f"{len(self.table)} configurations with both modes ({rate})"
-        self.by_source = self.workspace.source_cost(measure=measure, warmup=self.warmup.value,
-                                                    interval=self.interval.value)
-        self.source_box.layout.display = None if not self.by_source.empty else "none"
-        if not self.by_source.empty:
-            show(self.source_figure, cost_figure(self.by_source, provenance=self.workspace.provenance(), rate=rate,
-                                                 interval=self.interval.value, sides=("every source off", "source on"),
-                                                 title="what making each nondeterminism source deterministic costs"))
-            self.source_numbers.clear_output()
-            with self.source_numbers:
-                print(self.by_source.rename(columns={"config": "source"}).to_string(
-                    index=False, float_format=lambda x: f"{x:.2f}"))
-            self.status.value += f"; {len(self.by_source)} nondeterminism sources against every source off"
+        try:
+            view = views.cost(self.workspace, measure=measure, warmup=warmup, interval=interval,
+                              configs=self.configs.value)
+        except ArgumentError as err:
+            self.table = pd.DataFrame()
+            show(self.figure, go.Figure())
+            self.status.value = str(err)
+        else:
+            self.table = view.data
+            show(self.figure, view.figure)
+            with self.numbers:
+                print(self.table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+            self.status.value = f"{len(self.table)} configurations with both modes ({views.RATES[measure]})"
+        self.source_numbers.clear_output()
+        try:
+            by_source = views.source_cost(self.workspace, measure=measure, warmup=warmup, interval=interval)
+        except ArgumentError:
+            self.by_source = pd.DataFrame()
+            self.source_box.layout.display = "none"
+            return
+        self.by_source = by_source.data
+        self.source_box.layout.display = None
+        show(self.source_figure, by_source.figure)
+        with self.source_numbers:
+            print(self.by_source.rename(columns={"config": "source"}).to_string(
+                index=False, float_format=lambda x: f"{x:.2f}"))
+        self.status.value += f"; {len(self.by_source)} nondeterminism sources against every source off"
 
     def exported(self) -> Exported | None:
-        if not self.figure.data:
+        if self.table.empty:
             return None
         figures, tables = {"determinism-cost": go.Figure(self.figure)}, {"determinism-cost": self.table}
         if not self.by_source.empty:

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.analysis.pairs import PairMatrix
-from workbench.figures.pairs import pairs_figure
+from workbench.studies import views
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
@@ -46,9 +46,10 @@ class PairMatrixWidget(WorkbenchWidget):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        matrix = workspace.pair_matrix()
+        view = views.pairs(workspace)
+        matrix = view.result
         self.directory, self.workspace, self.matrix = str(directory), workspace, matrix
-        show(self.figure, pairs_figure(matrix, provenance=workspace.provenance(matrix.names)))
+        show(self.figure, view.figure)
         self.figure.data[1].on_click(self._on_click)
         identical = sum(len(g) for g in matrix.groups)
         self.status.value = (f"{len(matrix.names)} runs, {len(matrix.groups)} groups of bitwise identical runs "
