@@ -88,6 +88,7 @@ def test_runs_of_another_producer_list_compare_and_check(tmp_path: Path, capsys:
     assert main(["compare", str(a), str(b), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["first_step"] == 3
     assert main(["check", str(b), "--golden", str(a)]) == 1
+    capsys.readouterr()
     assert main(["summary", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "mine-b vs mine-a: first differ at step 3" in printed

@@ -8,10 +8,12 @@ from its resume step on); the demo prints the result. Pure: records in, sentence
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.resume import resume_check
+from workbench.environment import difference
 from workbench.store.records import RunRecords
 
 
@@ -30,11 +32,20 @@ def describe(result: Comparison, label: str) -> str:
 
 
 def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]], *,
-                   comparison: Callable[[str, str], Comparison] | None = None) -> list[str]:
+                   comparison: Callable[[str, str], Comparison] | None = None,
+                   runtimes: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """One sentence per comparison: each group of ``repeats`` against its first run, every other run
     against ``reference``. ``comparison(a, b)`` compares two runs by name (a cache: ``Workspace.comparison``);
-    by default ``compare`` of their records."""
+    by default ``compare`` of their records. With ``runtimes`` (each run's ``RunManifest.runtime``), a pair
+    that differs and whose environments differ gets a second line naming the facts."""
     pair = comparison or (lambda a, b: compare(records[a], records[b]))
+
+    def environment_line(a: str, b: str, result: Comparison) -> str:
+        if runtimes is None or result.identical or a not in runtimes or b not in runtimes:
+            return ""
+        facts = difference(runtimes[b], runtimes[a])
+        return f"\n  {facts.summary()}" if facts.differences else ""
+
     lines = []
     groups = [[n for n in group if n in records] for group in repeats]
     groups = [g for g in groups if len(g) > 1]
@@ -42,7 +53,7 @@ def study_findings(records: dict[str, RunRecords], reference: str, repeats: list
     for first, *others in groups:
         for i, other in enumerate(others):
             result = pair(first, other)
-            lines.append(describe(result, f"repeats {first} vs {other}"))
+            lines.append(describe(result, f"repeats {first} vs {other}") + environment_line(first, other, result))
             if i == 0:
                 noise.append(result)
     floor = max((_largest(r) for r in noise if not r.identical), default=None)
@@ -57,5 +68,5 @@ def study_findings(records: dict[str, RunRecords], reference: str, repeats: list
         line = describe(result, f"{name} vs {reference}")
         if floor is not None and not result.identical:
             line += f" (nondeterministic repeats: {floor:.2e})"
-        lines.append(line)
+        lines.append(line + environment_line(reference, name, result))
     return lines

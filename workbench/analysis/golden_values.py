@@ -69,6 +69,9 @@ class GoldenValues:
     unmapped: tuple[str, ...] = ()
     """Metrics of a Megatron file that no store scalar is."""
     run: str | None = None
+    environment: Mapping[str, Any] | None = None
+    """The environment's facts of the run that made the file (``workbench.environment``; workbench files written
+    since they carry them)."""
 
 
 # -- weights -----------------------------------------------------------------------------
@@ -92,8 +95,9 @@ def _json_value(value: float) -> float | str:
 
 
 def workbench_golden_values(scalars: pd.DataFrame, weights: pd.Series | None, *, run: str,
-                            steps: int | None = None) -> dict[str, Any]:
-    """The workbench golden file of a run (its scalars, per step; its weights' fingerprints, if recorded)."""
+                            steps: int | None = None, environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The workbench golden file of a run (its scalars, per step; its weights' fingerprints, if recorded; the
+    facts of its environment, where known)."""
     frame = scalars if steps is None else scalars[scalars.index < steps]
     out: dict[str, Any] = {
         "format": WORKBENCH_FORMAT, "version": 1, "fingerprint_version": FINGERPRINT_VERSION, "run": run,
@@ -104,6 +108,8 @@ def workbench_golden_values(scalars: pd.DataFrame, weights: pd.Series | None, *,
     if weights is not None and len(weights):
         kept = weights[weights.index.isin(frame.index)] if steps is not None else weights
         out["weights"] = {str(int(s)): str(v) for s, v in kept.items()}
+    if environment:
+        out["environment"] = dict(environment)
     return out
 
 
@@ -192,8 +198,12 @@ def _workbench(data: dict[str, Any], source: str) -> GoldenValues:
         if not isinstance(raw, dict) or not all(isinstance(v, str) and v.startswith("0x") for v in raw.values()):
             raise GoldenFileError(f"{source}: 'weights' must map steps to hex strings (\"0x...\")")
         weights = pd.Series({int(k): v for k, v in raw.items()}, dtype=object, name="weights")
+    environment = data.get("environment")
+    if environment is not None and not isinstance(environment, dict):
+        raise GoldenFileError(f"{source}: 'environment' must be a mapping of facts")
     return GoldenValues(source=source, format="workbench", scalars=pd.DataFrame(columns, index=pd.Index(steps,
-                        name="step")), weights=weights, fingerprint_version=version, run=data.get("run"))
+                        name="step")), weights=weights, fingerprint_version=version, run=data.get("run"),
+                        environment=environment)
 
 
 def _megatron(data: dict[str, Any], source: str) -> GoldenValues:

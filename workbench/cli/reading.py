@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from workbench import environment
 from workbench.cli._common import finite, print_safe, terminal_safe, whole, writable_file
 
 
@@ -61,8 +62,14 @@ def _compare(args: argparse.Namespace) -> int:
     from workbench.analysis import compare
     from workbench.store.reader import open_run
 
-    result = compare(open_run(args.a).records(), open_run(args.b).records())
-    print(json.dumps(result.to_dict(growth=True), indent=1) if args.json else result.summary(escape=terminal_safe))
+    a, b = open_run(args.a), open_run(args.b)
+    result = compare(a.records(), b.records())
+    facts = environment.difference(a.manifest.runtime, b.manifest.runtime)
+    if args.json:
+        print(json.dumps({**result.to_dict(growth=True), "environment": facts.to_dict()}, indent=1, default=str))
+    else:
+        print(result.summary(escape=terminal_safe))
+        print(terminal_safe(facts.summary()))
     return 0
 
 
@@ -88,9 +95,15 @@ def _check(args: argparse.Namespace) -> int:
         golden = read_golden_values(args.golden)
         weights = weights_fingerprints(run.fingerprints()) if golden.weights is not None and run.has_sites else None
         check = golden_values_check(run.scalars, weights, golden, run=run.name, rtol=args.rtol, steps=args.steps)
+        theirs = golden.environment
     else:
-        check = golden_check(run.records(), open_run(args.golden).records(), steps=args.steps, rtol=args.rtol)
+        reference = open_run(args.golden)
+        check = golden_check(run.records(), reference.records(), steps=args.steps, rtol=args.rtol)
+        theirs = reference.manifest.runtime
     print(check.summary())
+    if theirs is not None:  # Megatron-LM's files say nothing of where they were made
+        facts = environment.difference(run.manifest.runtime, theirs)
+        print(terminal_safe(facts.summary(bitwise_check=args.rtol is None and not check.passed)))
     return 0 if check.passed else 1
 
 
@@ -120,7 +133,8 @@ def _golden(args: argparse.Namespace) -> int:
         data = megatron_golden_values(run.scalars, steps=args.steps, interval=args.interval)
     else:
         weights = weights_fingerprints(run.fingerprints()) if run.has_sites else None
-        data = workbench_golden_values(run.scalars, weights, run=run.name, steps=args.steps)
+        data = workbench_golden_values(run.scalars, weights, run=run.name, steps=args.steps,
+                                       environment=run.manifest.runtime)
     path = write_golden_values(data, args.out)
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, "
           f"{'Megatron-LM format' if args.megatron else 'workbench format, bitwise'})")

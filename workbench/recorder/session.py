@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench import determinism
+from workbench import determinism, environment
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
 from workbench.recorder.recorder import Recorder
@@ -175,7 +175,9 @@ class TrainingRun:
             self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
             self._runtime = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                              "backend": dist.get_backend() if dist.is_initialized() else None,
-                             "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda}
+                             "cuda": torch.version.cuda,
+                             **(environment.collect(device=str(device), world_size=dist.get_world_size()
+                                                    if dist.is_initialized() else 1) if self._rank == 0 else {})}
             self._scalars: ScalarWriter | None = None
             if self._rank == 0:
                 self._create_store(user_config)

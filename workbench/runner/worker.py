@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench import determinism
+from workbench import determinism, environment
 from workbench.errors import CheckpointError, CheckpointWriteError, WorkbenchError
 from workbench.runner import cpu_compat
 from workbench.runner.launch import RANK_ERROR
@@ -42,16 +42,11 @@ FAIL_AT_ENV = "WORKBENCH_FAIL_AT"
 
 
 def runtime_facts(device: torch.device) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "backend": dist.get_backend(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.version.cuda,
-        "cpu_compat_layer": cpu_compat.is_installed(),
-    }
-    if device.type == "cuda":
-        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    return facts
+    """Where this rank runs: the device, the process group's backend, the CPU compatibility layer, and the
+    environment's fingerprint (``workbench.environment.collect``)."""
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "backend": dist.get_backend(), "cuda": torch.version.cuda, "cpu_compat_layer": cpu_compat.is_installed(),
+            **environment.collect(device=str(device), world_size=dist.get_world_size())}
 
 
 def _check_injected_failure(rank: int, step: int) -> None:

@@ -128,6 +128,9 @@ class RunManifest:
     """For a replay (``workbench replay``/``bisect``): the replayed step and where it started from."""
     started_from: Mapping[str, Any] | None = None
     """For a run started from another's checkpoint: that run, its id and the step."""
+    runtime: Mapping[str, Any] = field(default_factory=dict)
+    """Where it ran: device, backend and the environment's fingerprint (``workbench.environment``: CPU vector
+    ISA, threads, versions, determinism variables, GPU and topology); empty where the producer did not say."""
 
     def configuration(self) -> str:
         """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
@@ -259,7 +262,7 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config,
         config_hash=attrs.get("config_hash"), resumes=tuple(attrs.get("resumes") or ()),  # FACTS checked them
         fault=None if attrs.get("fault") in (None, "none") else attrs["fault"], replay=attrs.get("replay"),
-        started_from=attrs.get("started_from"))
+        started_from=attrs.get("started_from"), runtime=attrs.get("runtime") or {})
 
 
 def _text(value: Any) -> bool:
@@ -345,7 +348,7 @@ def manifest_fields(info: RunManifest) -> dict[str, Any]:
     if info.config is not None:
         out["config"] = dict(info.config)
     facts = {"config_hash": info.config_hash, "fault": info.fault, "replay": info.replay,
-             "started_from": info.started_from}
+             "started_from": info.started_from, "runtime": info.runtime or None}
     out.update({name: dict(v) if isinstance(v, Mapping) else v for name, v in facts.items() if v is not None})
     if info.resumes:
         out["resumes"] = list(info.resumes)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from workbench.analysis.sources import source_label
 from workbench.config import RunConfig
 from workbench.determinism import sources_on
+from workbench.environment import BITWISE_FACTS
 from workbench.errors import WorkbenchError
 from workbench.store.manifest import RUNNER, RunManifest
 
@@ -34,21 +35,25 @@ def repeat_key(info: RunManifest, *, seed: bool = True) -> tuple[object, ...] | 
 
     The runner's runs: the hash of their numerics config (everything but the name). Any other producer: model
     signature, layout, precision, determinism, seed and (where recorded) the nondeterminism sources that were on.
+    Either way, the recorded facts of the environment that split a reduction differently
+    (``environment.BITWISE_FACTS``: vector ISA, threads, device): one process with 2 threads and two ranks with
+    1 each differ at step 0, so they are not repeats of each other.
     """
     if info.resumes or info.fault is not None or info.replay is not None:
         return None
+    machine = tuple((k, info.runtime[k]) for k in BITWISE_FACTS if k in info.runtime)
     if info.producer == RUNNER and info.config_hash is not None:
         if seed:
-            return ("config", info.config_hash)
+            return ("config", info.config_hash, *machine)
         try:
-            return ("config", RunConfig.from_dict(info.config or {}).numerics_hash(seed=False))
+            return ("config", RunConfig.from_dict(info.config or {}).numerics_hash(seed=False), *machine)
         except WorkbenchError:  # a config this version cannot read: it is nobody's other seed
             return None
     if info.model is None or info.seed is None or info.deterministic is None:
         return None
     sources = sources_on(info.determinism) if info.determinism.get("sources") else None
     return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
-            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []))
+            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []), *machine)
 
 
 def sources_of(info: RunManifest) -> list[str] | None:

@@ -185,8 +185,8 @@ class Workspace:
     def on_cpu(self) -> bool:
         """Whether any run here says it ran on a CPU (where nondeterminism is emulated and costs are the
         emulation's); runs that do not say (imported ones) do not count."""
-        return any(str(r.attrs["runtime"].get("device", "cpu")).startswith("cpu") for r in self.runs.values()
-                   if isinstance(r.attrs.get("runtime"), dict))
+        return any(str(r.manifest.runtime.get("device", "cpu")).startswith("cpu") for r in self.runs.values()
+                   if r.manifest.runtime)
 
     @cached_property
     def floor(self) -> NoiseFloor | None:
