@@ -1,10 +1,12 @@
 """The one view layer: (a workspace, what is asked) -> (a figure, the data it plots). ``workbench figure``, the
-report and the notebooks ask here, so that one figure is drawn the same way wherever it appears (the noise floor
-and the seed-to-seed spread on every trajectory and ladder that has them).
+report and the widgets ask here, so that one figure is drawn the same way wherever it appears (the noise floor
+and the seed-to-seed spread on every trajectory and ladder that has them). A widget's controls are a view's
+arguments.
 
     view = trajectories(ws, "loss")            # every run against the reference, floor and seed bands
     view.figure, view.data                     # a plotly figure; what it plots (one column per run)
-    heatmap(ws, "det-r0", "tp2"), pairs(ws), ladder(ws), sources(ws), cost(ws)
+    trajectories(ws, "l2", site="param:output_layer.weight", steps=(0, 20), relative=True)
+    heatmap(ws, "det-r0", "tp2"), pairs(ws), ladder(ws, stat="max"), sources(ws), cost(ws, measure="step_time")
 """
 
 from __future__ import annotations
