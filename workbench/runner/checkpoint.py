@@ -228,7 +228,10 @@ def _atomic_save(obj: Any, path: Path) -> None:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     tmp = path.with_suffix(".partial")
-    tmp.write_bytes(buffer.getbuffer())
+    # the view released even when the write fails: left to the collector, an exported view of a BytesIO in a
+    # traceback's cycle can be freed after its buffer, and the process dies in the collector (SIGSEGV)
+    with buffer.getbuffer() as view:
+        tmp.write_bytes(view)
     tmp.replace(path)
 
 
