@@ -88,3 +88,12 @@ class IncomparableRunsError(WorkbenchError, ValueError):
 
 class GoldenFileError(WorkbenchError, ValueError):
     """A golden-values file that is neither Megatron-LM's format nor the workbench's."""
+
+
+class RunDiverged(WorkbenchError, RuntimeError):  # noqa: N818 - what happened, as users catch it
+    """A run left its live reference (``record(..., against=REF)``): raised by ``run.step`` on every rank at
+    the same step. ``departure`` says where (``analysis.live.Departure``: step, site, detail, reference)."""
+
+    def __init__(self, message: str, departure: object) -> None:
+        super().__init__(message)
+        self.departure = departure

@@ -18,8 +18,8 @@ ALLOWED: dict[str, set[str]] = {
     "figures": {"foundation", "store", "analysis"},
     "studies": {"foundation", "store", "analysis", "figures", "runner"},
     "widgets": {"foundation", "store", "analysis", "figures", "studies"},
-    "recorder": {"foundation", "store"},
-    "runner": {"foundation", "store", "recorder"},
+    "recorder": {"foundation", "store", "analysis"},
+    "runner": {"foundation", "store", "analysis", "recorder"},
     "investigate": {"foundation", "store", "analysis", "figures", "runner"},
 }
 """The layers each layer may import (its own always); the command line and the package's

@@ -16,6 +16,10 @@ GPTModel's for the same blocks, so the two models start equal).
 ``--flip STEP:MODULE`` flips the top mantissa bit of one element of MODULE's output at STEP
 (the test's own forward hook; the lowest bit could vanish in the residual add, depending on
 the values, which depend on the CPU); ``--raise-at STEP`` makes the loop fail there.
+
+``--against REF`` records with a live reference (``record(..., against=REF)``, flushing every
+``--flush-every`` steps, ``--keep-going``); a ``RunDiverged`` ends the process with exit code 3 and the
+departure on stdout, on every rank.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from workbench.errors import RunDiverged
 from workbench.recorder import record
 from workbench.runner import cpu_compat
 
@@ -52,6 +57,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=2,
                         help="a held-out loss (the batches of 'step -1', which no step trains on); 0: none")
     parser.add_argument("--no-optimizer", action="store_true", help="do not hand the optimizer to record()")
+    parser.add_argument("--against", default=None, help="a live reference: a run folder or a golden file")
+    parser.add_argument("--flush-every", type=int, default=10)
+    parser.add_argument("--keep-going", action="store_true")
     return parser.parse_args()
 
 
@@ -63,6 +71,13 @@ def batches(step: int, rank_seed: int) -> list[torch.Tensor]:
 def record_without_optimizer(run_dir, chunks, optimizer, **options):  # type: ignore[no-untyped-def]
     """``record`` not told the optimizer (``--no-optimizer``: the test of kinds never seen)."""
     return record_with_optimizer(run_dir, chunks, None, **options)
+
+
+def record_against(run_dir, chunks, optimizer, **options):  # type: ignore[no-untyped-def]
+    """``record`` with a live reference (``--against``, ``--flush-every``, ``--keep-going``)."""
+    args = parse()
+    return record_with_optimizer(run_dir, chunks, optimizer, against=args.against, flush_every=args.flush_every,
+                                 keep_going=args.keep_going, **options)
 
 
 record_with_optimizer = record
@@ -165,4 +180,10 @@ def main() -> None:
 if __name__ == "__main__":
     if "--no-optimizer" in sys.argv:
         record = record_without_optimizer
-    main()
+    if "--against" in sys.argv:
+        record = record_against
+    try:
+        main()
+    except RunDiverged as stop:  # on every rank, at the same step
+        print(f"DIVERGED {stop.departure.step} {stop.departure.site}", flush=True)
+        sys.exit(3)

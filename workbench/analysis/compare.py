@@ -151,7 +151,7 @@ def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
             "differ); only runs of one model can be compared")
     warnings = []
     for run in (a, b):
-        if run.status not in ("complete", "stopped"):
+        if run.status not in ("complete", "stopped", "diverged"):
             warnings.append(f"{run.name} is {run.status}: only its written steps are compared")
     return warnings
 

@@ -1,6 +1,7 @@
 """The ``workbench`` command: thin verbs over the library, each verb's parser beside its handler.
 
     workbench run CONFIG.toml [--out DIR] [--resume | --start-from CHECKPOINT] [--stop-after K] [--overwrite]
+                              [--against REF [--rtol X] [--keep-going]]
     workbench sweep STUDY.toml [--out DIR]
     workbench demo [--out DIR]
     workbench ls DIR

@@ -10,6 +10,7 @@ from pathlib import Path
 from workbench.cli._common import (
     DEFAULT_RUNS_DIR,
     ProgressPrinter,
+    finite,
     output_problem,
     prefixed,
     print_safe,
@@ -37,6 +38,12 @@ def _add_run(verbs: argparse._SubParsersAction) -> None:
     run.add_argument("--start-from", type=Path, default=None, metavar="CHECKPOINT",
                      help="start at another layout's checkpoint (RUN/checkpoints/step_K, or a run folder: its "
                           "latest) of the same config, resharded to this run's layout")
+    run.add_argument("--against", type=Path, default=None, metavar="REF",
+                     help="compare with REF (a run folder or a golden-values file) as it trains; stop at the "
+                          "first flush that departs from it (exit 1)")
+    run.add_argument("--rtol", type=finite(0, inclusive=True), default=None,
+                     help="with --against: depart only beyond this tolerance (as `workbench check --rtol`)")
+    run.add_argument("--keep-going", action="store_true", help="with --against: record the verdict, train on")
     run.set_defaults(func=_run)
 
 
@@ -50,10 +57,24 @@ def _run(args: argparse.Namespace) -> int:
     printer = ProgressPrinter()
     start = time.monotonic()
     printer(f"{cfg.name}: {cfg.summary()} -> {run_dir}", final=True)
+    if (args.rtol is not None or args.keep_going) and args.against is None:
+        raise ArgumentError("--rtol and --keep-going go with --against REF")
     launch(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, overwrite=args.overwrite,
-           progress=prefixed(printer, f"{cfg.name}: "), start_from=args.start_from)
+           progress=prefixed(printer, f"{cfg.name}: "), start_from=args.start_from, against=args.against,
+           rtol=args.rtol, keep_going=args.keep_going)
     printer(f"{cfg.name}: done in {time.monotonic() - start:.1f} s; open it with "
             f"workbench.open_run({str(run_dir)!r})", final=True)
+    if args.against is not None:
+        from workbench.analysis.live import Departure
+        from workbench.store.reader import open_run
+
+        diverged = open_run(run_dir).attrs.get("diverged")
+        if diverged is not None:
+            stopped_after = diverged.get("stopped_after")
+            departure = Departure(**{k: diverged[k] for k in ("step", "site", "detail", "reference")})
+            print_safe(departure.verdict(str(run_dir), str(args.against), stopped_after=stopped_after))
+            return 1
+        print_safe(f"{cfg.name}: followed {args.against} at every compared step")
     return 0
 
 

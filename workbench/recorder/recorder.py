@@ -43,6 +43,7 @@ import torch.distributed as dist
 from workbench.config import RecordConfig
 from workbench.recorder.activation_side import ActivationSide
 from workbench.recorder.hooks import Undo, hook_optimizer_step, wrap_finalize
+from workbench.recorder.live import LiveCheck
 from workbench.recorder.parameter_side import ParameterSide
 from workbench.recorder.registry import SiteRegistry
 from workbench.recorder.slots import Slots, Stopwatch
@@ -57,8 +58,10 @@ class Recorder:
     def __init__(self, chunks: Sequence[torch.nn.Module], *, run_dir: str | Path, total_steps: int,
                  optimizer: Any = None, record: RecordConfig | None = None, precision: str = "fp32",
                  global_batch_size: int | None = None, flush_every: int = 10,
-                 sites: SiteFilter | None = None) -> None:
+                 sites: SiteFilter | None = None, live: LiveCheck | None = None) -> None:
         self.record = record or RecordConfig()
+        self.live = live
+        """Where each flush's reduced numbers are compared with a reference (``recorder.live``), if anywhere."""
         chunks = list(chunks)
         self._optimizer = optimizer
         self._run_dir = Path(run_dir)
@@ -181,6 +184,9 @@ class Recorder:
         self._pending = []
         if reduced is not None:
             rows, stats, fingerprints = reduced
+            if self.live is not None:  # rank 0, the numbers on the host already
+                steps = {row: step for step, row in self._rows.items()}
+                self.live.sites([steps[r] for r in rows], self._registry.sites, fingerprints, stats)
             position = 0
             for first, stop in contiguous_ranges(rows):
                 block = slice(position, position + stop - first)

@@ -19,6 +19,18 @@ loop has (on whichever rank has them: with pipeline parallelism the loss lives o
 stage). The status ends ``complete``, ``failed`` with the exception's message, or, when
 the process dies, reads ``interrupted``: on the writer's host by its pid, on any other host
 by the heartbeat rank 0 writes every ``heartbeat_s`` seconds.
+
+With ``against=REF`` (a run folder or a golden-values file; ``rtol`` as ``workbench check``) the run is
+compared with REF as it trains (``analysis.live``): at the first flush that departs, ``run.step`` raises
+``workbench.errors.RunDiverged`` on every rank, the store ends ``diverged`` and its manifest says where
+(``keep_going=True``: the verdict is recorded and nothing is raised). A reference of another model, or
+one lacking steps the run records, is refused by ``record`` itself.
+
+    try:
+        with record(..., against="golden.json") as run:
+            ...
+    except RunDiverged as stop:
+        print(stop.departure.step, stop.departure.site)
 """
 
 from __future__ import annotations
@@ -39,8 +51,10 @@ import torch
 import torch.distributed as dist
 
 from workbench import determinism, environment
+from workbench.analysis.live import load_reference
 from workbench.config import RecordConfig
-from workbench.errors import ArgumentError
+from workbench.errors import ArgumentError, IncomparableRunsError, RunDiverged
+from workbench.recorder.live import LiveCheck
 from workbench.recorder.recorder import Recorder
 from workbench.recorder.targets import all_gather_objects, hybrid_pattern, unwrap
 from workbench.sites import SiteFilter, gpt_blocks
@@ -142,7 +156,9 @@ class TrainingRun:
                  steps: int, name: str | None = None, global_batch_size: int | None = None,
                  user_config: Mapping[str, Any] | None = None, seed: int | None = None,
                  deterministic: bool | None = None, record: RecordConfig | None = None,
-                 sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0) -> None:
+                 sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0,
+                 against: str | os.PathLike[str] | None = None, rtol: float | None = None,
+                 keep_going: bool = False) -> None:
         check_megatron_core()
         if not isinstance(steps, int) or steps < 1:
             raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
@@ -173,6 +189,9 @@ class TrainingRun:
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)
             self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
+            self._keep_going = keep_going
+            self.live = self._live_reference(against, rtol, signature, record) if against is not None else None
+            self.recorder.live = self.live
             self._runtime = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                              "backend": dist.get_backend() if dist.is_initialized() else None,
                              "cuda": torch.version.cuda,
@@ -202,6 +221,20 @@ class TrainingRun:
             heartbeat={"at": time.time(), "every_s": self._heartbeat_s}, steps_planned=self._steps), self._steps)
         self._scalars = ScalarWriter(self.run_dir, self._flush_every)
 
+    def _live_reference(self, against: str | os.PathLike[str], rtol: float | None, signature: ModelSignature,
+                        record: RecordConfig | None) -> LiveCheck:
+        """The reference (global rank 0 reads it), or ``IncomparableRunsError`` on every rank, with rank 0's
+        reason, before anything is written."""
+        reference, reason = None, None
+        if self._rank == 0:
+            reference = load_reference(against, rtol=rtol)
+            recorded = (record or RecordConfig()).recorded_steps(self._steps)
+            reason = reference.refusal(model=signature.shape(), steps=range(self._steps), recorded=recorded)
+        reason = all_gather_objects(reason)[0]
+        if reason is not None:
+            raise IncomparableRunsError(f"against={str(against)!r}: {reason}")
+        return LiveCheck(reference, rank=self._rank)
+
     def _beat(self) -> None:
         while not self._stop_heartbeat.wait(self._heartbeat_s):
             update_manifest(self.run_dir, heartbeat={"at": time.time(), "every_s": self._heartbeat_s})
@@ -227,6 +260,22 @@ class TrainingRun:
         self._logged[step] = row
         if len(self._logged) >= self._flush_every or step == self._steps - 1:
             self._flush_scalars(gather=True)
+            if self.live is not None and not self.live.announced:
+                self._verdict(step)
+
+    def _verdict(self, step: int) -> None:
+        """At a flush (every rank): whether the run has left its reference; the first departure into the
+        manifest (``diverged``) and, unless ``keep_going``, ``RunDiverged`` on every rank."""
+        assert self.live is not None
+        departure = self.live.verdict()
+        if departure is None:
+            return
+        self.live.announced = True
+        stopped_after = None if self._keep_going else step
+        if self._rank == 0:
+            update_manifest(self.run_dir, diverged={**departure.to_dict(), "stopped_after": stopped_after})
+        if not self._keep_going:
+            raise RunDiverged(f"{self.run_dir}: {departure.summary()}; stopped after step {step}", departure)
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[TrainingRun]:
@@ -265,14 +314,17 @@ class TrainingRun:
                 for key, value in other.get(step, {}).items():
                     if key not in ("step_time", "recorder_time", "tokens_per_s"):
                         merged.setdefault(key, value)
-            self._scalars.append(step, {name: merged.get(name, 0 if name == "skipped" else math.nan)
-                                        for name in layout.SCALAR_FIELDS})
+            row = {name: merged.get(name, 0 if name == "skipped" else math.nan) for name in layout.SCALAR_FIELDS}
+            self._scalars.append(step, row)
+            if self.live is not None:
+                self.live.scalars(step, row)
 
     def close(self, error: BaseException | None = None) -> None:
         """End the run: ``complete``; with ``error``, ``failed`` (``interrupted`` for Ctrl-C) and no
         collective, since other ranks may never reach one: the per-site rows not yet reduced over
         ranks are lost then (a one-process run keeps them all)."""
-        failed = error is not None
+        diverged = isinstance(error, RunDiverged)  # raised on every rank at one step: collectives are safe
+        failed = error is not None and not diverged
         alone = not (dist.is_initialized() and dist.get_world_size() > 1)  # a flush needs no other rank
         try:
             self._flush_scalars(gather=not failed)
@@ -283,8 +335,8 @@ class TrainingRun:
                 self._heartbeat.join()
             if self._scalars is not None:
                 self._scalars.close()
-                if error is None:
-                    set_status(self.run_dir, layout.Status.COMPLETE)
+                if error is None or diverged:
+                    set_status(self.run_dir, layout.Status.DIVERGED if diverged else layout.Status.COMPLETE)
                 else:
                     status = layout.Status.INTERRUPTED if isinstance(error, KeyboardInterrupt) else layout.Status.FAILED
                     excerpt = "".join(traceback.format_exception(error))[-2000:]

@@ -23,9 +23,9 @@ from typing import Any
 
 from workbench import determinism
 from workbench.config import Precision, RunConfig
-from workbench.errors import CheckpointError, LaunchError
+from workbench.errors import CheckpointError, IncomparableRunsError, LaunchError
 from workbench.store import layout
-from workbench.store.manifest import runner_manifest
+from workbench.store.manifest import parse_manifest, runner_manifest
 from workbench.store.reader import open_run
 from workbench.store.writer import create_store, set_status, update_manifest
 from workbench.versions import check_megatron_core
@@ -94,6 +94,8 @@ def _stop(ranks: list[_Rank]) -> None:
 
 RANK_ERROR = "workbench: error: "
 """How a rank's log starts the line of an error the workbench raised on purpose (the worker prints it)."""
+DIVERGED = "DIVERGED "
+"""How rank 0's log starts the line that says where a run left its live reference (``--against``)."""
 
 
 def error_excerpt(log: Path, lines: int = 25) -> str:
@@ -213,8 +215,16 @@ def start_checkpoint(source: str | os.PathLike[str], cfg: RunConfig) -> tuple[Pa
 
 def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = False, stop_after: int | None = None,
            overwrite: bool = False, progress: ProgressFn | None = None, trace_step: int | None = None,
-           manifest: Mapping[str, Any] | None = None, start_from: str | os.PathLike[str] | None = None) -> Path:
+           manifest: Mapping[str, Any] | None = None, start_from: str | os.PathLike[str] | None = None,
+           against: str | os.PathLike[str] | None = None, rtol: float | None = None,
+           keep_going: bool = False) -> Path:
     """Train ``cfg`` into the run folder ``run_dir``; return it. Raises ``LaunchError`` if a rank fails.
+
+    ``against``: a reference (a run folder or a golden-values file) the run is compared with as it trains
+    (``analysis.live``, within ``rtol`` if given): at the first flush that departs from it every rank stops,
+    the store ends ``diverged`` and its manifest's ``diverged`` says where; with ``keep_going`` the verdict is
+    recorded and the run trains on. A reference that cannot serve (another model, steps it lacks) is refused
+    before anything is written.
 
     ``trace_step``: run that step under the operation tracer (``workbench.runner.tracer``).
     ``manifest``: fields added to the run's manifest before any rank starts.
@@ -237,6 +247,8 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         ranges = [[max(a, first), b] for a, b in cfg.record.ranges or [[0, cfg.steps]] if b > first]
         cfg = cfg.with_overrides({"record.ranges": ranges or [[first, cfg.steps]],
                                   "record.snapshot_steps": [k for k in cfg.record.snapshot_steps if k >= first]})
+    if against is not None:
+        _check_reference(cfg, Path(against), rtol)
     if cfg.precision is Precision.FP8:
         from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
 
@@ -269,7 +281,10 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         update_manifest(paths.run_dir, started_from=start_record, resumes=[start_record["step"]])
     args = start_args + (["--resume"] if resume else []) \
         + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
-        + (["--trace-step", str(trace_step)] if trace_step is not None else [])
+        + (["--trace-step", str(trace_step)] if trace_step is not None else []) \
+        + (["--against", str(Path(against).resolve())] if against is not None else []) \
+        + (["--rtol", repr(rtol)] if against is not None and rtol is not None else []) \
+        + (["--keep-going"] if against is not None and keep_going else [])
     ranks = _spawn(cfg, paths, args)
     failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
     if failed is not None:
@@ -280,10 +295,25 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
                           f"all ranks stopped.{unrecorded} Its log: {failed.log}\n{excerpt}")
     stopped = stop_after is not None and stop_after < cfg.steps
-    unrecorded = _record_status(paths, layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
+    diverged = against is not None and not keep_going and open_run(paths.run_dir).attrs.get("diverged") is not None
+    unrecorded = _record_status(paths, layout.Status.DIVERGED if diverged else
+                                layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
     if unrecorded:
         raise LaunchError(f"{cfg.name} trained every step.{unrecorded}")
     return paths.run_dir
+
+
+def _check_reference(cfg: RunConfig, against: Path, rtol: float | None) -> None:
+    """``IncomparableRunsError`` with the reason where ``against`` cannot be this run's live reference."""
+    from workbench.analysis.live import load_reference
+
+    reference = load_reference(against, rtol=rtol)
+    planned = parse_manifest(runner_manifest(cfg), source=cfg.name)
+    recorded = cfg.record.recorded_steps(cfg.steps) if cfg.record.enabled else []
+    reason = reference.refusal(model=planned.model.shape() if planned.model else None, steps=range(cfg.steps),
+                               recorded=recorded)
+    if reason is not None:
+        raise IncomparableRunsError(f"--against {against}: {reason}")
 
 
 def _record_status(paths: layout.RunPaths, status: layout.Status, **fields: Any) -> str:

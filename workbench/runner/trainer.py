@@ -22,12 +22,13 @@ import torch.distributed as dist
 from workbench.config import RunConfig
 from workbench.data import SyntheticCorpus, rank_held_out_microbatches, rank_microbatch_indices
 from workbench.errors import CheckpointError, UnsupportedError
+from workbench.recorder.live import LiveCheck
 
 
 class Trainer:
     """The state of one rank: model, optimizer, schedule, data; ``train_step`` runs one step."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, device: torch.device, run_dir: Path, *, live: LiveCheck | None = None) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -61,7 +62,7 @@ class Trainer:
         self.recorder = Recorder(
             self.model.chunks, run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
             precision=cfg.precision.value, global_batch_size=cfg.global_batch_size,
-            flush_every=cfg.flush_every) if cfg.record.enabled else None
+            flush_every=cfg.flush_every, live=live) if cfg.record.enabled else None
         # The model, optimizer and Megatron's state are alive for the whole run: out of the collector's
         # reach they are not traversed by every full collection (~10 % of a small model's step time).
         gc.freeze()

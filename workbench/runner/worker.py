@@ -28,9 +28,12 @@ import torch
 import torch.distributed as dist
 
 from workbench import determinism, environment
+from workbench.analysis.live import load_reference
+from workbench.config import RunConfig
 from workbench.errors import CheckpointError, CheckpointWriteError, WorkbenchError
+from workbench.recorder.live import LiveCheck
 from workbench.runner import cpu_compat
-from workbench.runner.launch import RANK_ERROR
+from workbench.runner.launch import DIVERGED, RANK_ERROR
 from workbench.runner.trainer import Trainer
 from workbench.store import layout
 from workbench.store.manifest import parse_layout
@@ -85,8 +88,27 @@ def _last_flush(trainer: Trainer, writer: ScalarWriter | None) -> None:
         writer.close()
 
 
+def _departed(live: LiveCheck, step: int, row: dict[str, float], cfg: RunConfig, run_dir: Path, rank: int, *,
+              keep_going: bool) -> bool:
+    """After ``step``: its scalars to the reference (rank 0) and, at a flush, the verdict on every rank; the
+    first departure goes into the manifest (``diverged``) and the log. Whether the run stops here."""
+    if rank == 0:
+        live.scalars(step, row)
+    if live.announced or not ((step + 1) % cfg.flush_every == 0 or step == cfg.steps - 1):
+        return False
+    departure = live.verdict()
+    if departure is None:
+        return False
+    live.announced = True
+    if rank == 0:
+        update_manifest(run_dir, diverged={**departure.to_dict(), "stopped_after": None if keep_going else step})
+        print(f"{DIVERGED}{departure.summary()}", flush=True)
+    return not keep_going
+
+
 def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int | None = None,
-        start_from: Path | None = None) -> None:
+        start_from: Path | None = None, against: Path | None = None, rtol: float | None = None,
+        keep_going: bool = False) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -112,7 +134,10 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
                                  expert_model_parallel_size=cfg.layout.ep,
                                  expert_tensor_parallel_size=1 if cfg.model.is_moe else None)
     model_parallel_cuda_manual_seed(cfg.seed)
-    trainer = Trainer(cfg, device, run_dir)
+    live = None
+    if against is not None:  # rank 0 compares; every rank learns the verdict at each flush
+        live = LiveCheck(load_reference(against, rtol=rtol) if rank == 0 else None, rank=rank)
+    trainer = Trainer(cfg, device, run_dir, live=live)
 
     start = 0
     if resume:
@@ -162,6 +187,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
             print(f"PROGRESS step={step + 1}/{cfg.steps} loss={row['loss']:.4f}{val} "
                   f"grad_norm={row['grad_norm']:.3f} lr={row['lr']:.2e} step_time={row['step_time']:.3f}s",
                   flush=True)
+        if live is not None and _departed(live, step, row, cfg, run_dir, rank, keep_going=keep_going):
+            break
     _last_flush(trainer, writer)
     dist.barrier()
     dist.destroy_process_group()
@@ -174,10 +201,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--trace-step", type=int, default=None)
     parser.add_argument("--start-from", type=Path, default=None)
+    parser.add_argument("--against", type=Path, default=None)
+    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--keep-going", action="store_true")
     args = parser.parse_args(argv)
     try:
         run(args.run_dir, resume=args.resume, stop_after=args.stop_after, trace_step=args.trace_step,
-            start_from=args.start_from)
+            start_from=args.start_from, against=args.against, rtol=args.rtol, keep_going=args.keep_going)
     except WorkbenchError as err:  # said on purpose: one line for the launcher to show, no traceback
         print(f"{RANK_ERROR}{err}", flush=True)
         sys.exit(1)

@@ -133,6 +133,9 @@ class Status(StrEnum):
     COMPLETE = "complete"
     STOPPED = "stopped"
     FAILED = "failed"
+    DIVERGED = "diverged"
+    """Stopped where it left its live reference (``workbench run --against``): every step before the stop is
+    written; the manifest's ``diverged`` names the step, the site and the reference."""
     INTERRUPTED = "interrupted"
     """A reader's verdict on a 'running' store whose writer is gone; written only by a recorded
     loop stopped with Ctrl-C."""

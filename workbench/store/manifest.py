@@ -314,6 +314,9 @@ FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
                               step=_whole(0, _LARGEST_COUNT)), "a mapping with the run, its id and a step >= 0"),
     "replay": (_mapping(step=_whole(0, _LARGEST_COUNT), from_step=_whole(0, _LARGEST_COUNT)),
                "a mapping with the replayed step >= 0"),
+    "diverged": (_mapping(step=_whole(0, _LARGEST_COUNT), site=lambda v: isinstance(v, str),
+                          reference=lambda v: isinstance(v, str)),
+                 "a mapping with the step >= 0, the site and the reference"),
 }
 """The producer's further facts that readers use, and what each must be where present: checked when a
 manifest is parsed, so that a reader never meets a field of the wrong type (a pid past the OS's range,

@@ -1,0 +1,74 @@
+"""What a live reference (``workbench run --against REF``) saves, and what it costs when nothing departs.
+
+    python benchmarks/live_reference.py [--steps 40] [--fault-step 5] [--flush-every 5] [--repeats 3]
+
+On the CPU runner's tiny config (2 layers, hidden 64; every site recorded every step), one reference run,
+then, interleaved ``--repeats`` times in one process: a run with a one-bit fault at step k trained without a
+reference (all N steps) and with ``--against`` the reference (it stops at the flush after k); and a bitwise
+twin trained without and with ``--against`` (it never departs: the difference is the comparison's cost).
+Prints the median steps trained and seconds of each, and the twin's median step time with and without the
+reference (from the runs' own ``step_time``, so process start-up is left out) and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.config import RunConfig
+from workbench.runner.launch import launch
+from workbench.store.reader import open_run
+
+TINY: dict[str, Any] = {
+    "name": "bench", "steps": 40, "global_batch_size": 16, "micro_batch_size": 4, "checkpoint_every": 0,
+    "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128, "seq_length": 32},
+    "optim": {"lr": 0.01, "min_lr": 0.001, "warmup_steps": 4},
+}
+
+
+def _train(cfg: RunConfig, run_dir: Path, against: Path | None) -> tuple[int, float, float]:
+    """(steps trained, wall seconds, median step time) of one run."""
+    start = time.perf_counter()
+    launch(cfg, run_dir, against=against, overwrite=True)
+    seconds = time.perf_counter() - start
+    run = open_run(run_dir)
+    return run.steps_completed, seconds, float(run.scalars["step_time"].iloc[2:].median())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--fault-step", type=int, default=5)
+    parser.add_argument("--flush-every", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    base = RunConfig.from_dict({**TINY, "steps": args.steps, "flush_every": args.flush_every})
+    fault = base.with_overrides({"fault": {"kind": "bitflip", "site": "act:layers.1.mlp", "step": args.fault_step,
+                                           "bit": 30}})
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        reference = launch(base.with_overrides({"name": "reference"}), root / "reference")
+        results: dict[str, list[tuple[int, float, float]]] = {k: [] for k in
+                                                               ("fault", "fault --against", "twin", "twin --against")}
+        for repeat in range(args.repeats):
+            for name, cfg, against in (("fault", fault, None), ("fault --against", fault, reference),
+                                       ("twin", base, None), ("twin --against", base, reference)):
+                results[name].append(_train(cfg, root / name.replace(" ", ""), against))
+            print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
+    print(f"\nthe fault at step {args.fault_step} of {args.steps}, flush every {args.flush_every} steps "
+          f"(medians of {args.repeats}):")
+    print(f"{'run':<18}{'steps trained':>15}{'seconds':>10}{'step time, ms':>15}")
+    for name, rows in results.items():
+        steps, seconds, step_time = (statistics.median(column) for column in zip(*rows, strict=True))
+        print(f"{name:<18}{steps:>15.0f}{seconds:>10.1f}{1000 * step_time:>15.1f}")
+    ratios = [b[2] / a[2] for a, b in zip(results["twin"], results["twin --against"], strict=True)]
+    print(f"\nper step, nothing departing: --against / without = {statistics.median(ratios):.3f} "
+          f"(median of {args.repeats} side-by-side pairs)")
+
+
+if __name__ == "__main__":
+    main()
