@@ -197,6 +197,9 @@ def difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> Envi
     """The facts in which ``a`` and ``b`` (two runs' ``runtime``) differ, in ``LABELS``' order, each set
     determinism variable as one fact of its own."""
     a, b = dict(a or {}), dict(b or {})
+    if not a or not b:  # a run that recorded no facts: nothing is known to agree
+        return EnvironmentDifference([], [f"every fact of the {'first' if not a else 'second'} run"] if a or b
+                                     else ["both runs' facts"])
     found: list[FactDifference] = []
     unknown: list[str] = []
     for key, label in LABELS.items():
@@ -213,7 +216,4 @@ def difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> Envi
                 found.append(FactDifference(name, name, env_a.get(name), env_b.get(name)))
     elif (env_a is None) != (env_b is None):
         unknown.append("determinism variables")
-    if not a or not b:
-        unknown = [f"every fact of the {'first' if not a else 'second'} run"] if a or b else ["both runs' facts"]
-        found = []
     return EnvironmentDifference(found, unknown)

@@ -264,6 +264,21 @@ def golden_values_check(scalars: pd.DataFrame, weights: pd.Series | None, golden
                        scalars=tuple(checked), notes=tuple(notes))
 
 
+def megatron_close(actual: np.ndarray, golden: np.ndarray, rtol: float | None) -> tuple[np.ndarray, np.ndarray,
+                                                                                    np.ndarray]:
+    """(the run's values as Megatron-LM compares them, the golden ones, whether each pair is close): rounded to
+    5 decimals, NaN as infinity, ``numpy.isclose`` with ``rtol`` (exact without it)."""
+    actual = np.round(np.asarray(actual, dtype=np.float64), _ROUND)
+    golden = np.asarray(golden, dtype=np.float64)
+    actual, golden = np.where(np.isnan(actual), np.inf, actual), np.where(np.isnan(golden), np.inf, golden)
+    return actual, golden, np.isclose(actual, golden, rtol=rtol or 0.0, atol=0.0)
+
+
+def megatron_allowance(total: int, rtol: float | None) -> int:
+    """Steps of a metric's ``total`` that Megatron-LM's approximate test (``rtol``) lets fail; none when exact."""
+    return 0 if rtol is None or total == 1 else min(max(total // 100, 1), 50)
+
+
 def _megatron_check(scalars: pd.DataFrame, golden: GoldenValues, *, run: str, rtol: float | None,
                     steps: int | None) -> GoldenCheck:
     mode = "Megatron-LM exact, 5 decimals" if rtol is None else f"Megatron-LM approximate, rtol {rtol:g}"
@@ -284,14 +299,12 @@ def _megatron_check(scalars: pd.DataFrame, golden: GoldenValues, *, run: str, rt
             continue
         checked.append(name)
         all_steps.update(present)
-        actual = np.round(scalars.loc[present, name].to_numpy(np.float64), _ROUND)
-        ref = expected.loc[present].to_numpy(np.float64)
-        actual, ref = np.where(np.isnan(actual), np.inf, actual), np.where(np.isnan(ref), np.inf, ref)
-        close = np.isclose(actual, ref, rtol=rtol or 0.0, atol=0.0)
+        actual, ref, close = megatron_close(scalars.loc[present, name].to_numpy(np.float64),
+                                            expected.loc[present].to_numpy(np.float64), rtol)
         failing = [Difference(present[i], name, f"{float(actual[i])!r} vs {float(ref[i])!r}")
                    for i in np.flatnonzero(~close)]
         total = len(wanted)
-        allowed = 0 if rtol is None or total == 1 else min(max(total // 100, 1), 50)
+        allowed = megatron_allowance(total, rtol)
         if len(failing) + len(missing) > allowed:
             differences += failing
         elif failing:

@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.golden_values import GoldenValues, read_golden_values, weights_fingerprints
+from workbench.analysis.golden_values import (
+    GoldenValues,
+    megatron_allowance,
+    megatron_close,
+    read_golden_values,
+    weights_fingerprints,
+)
 from workbench.analysis.tolerance import TOLERANCE_SCALARS, scalar_differences, site_differences
 from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
@@ -44,8 +50,6 @@ from workbench.store.records import RunRecords
 
 _UNTIMED = ("step_time", "tokens_per_s", "recorder_time")
 """Scalars that measure the machine's speed: never a departure."""
-_ROUND = 5
-"""Decimals of Megatron-LM's values (its TensorBoard reader rounds them)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,12 @@ class Departure:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "site": self.site, "detail": self.detail, "reference": self.reference}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Departure:
+        """The departure ``to_dict`` wrote (a manifest's ``diverged``, the broadcast); other keys are ignored."""
+        return cls(step=int(data["step"]), site=str(data["site"]), detail=str(data.get("detail", "")),
+                   reference=str(data["reference"]))
+
 
 @dataclass
 class LiveReference:
@@ -103,6 +113,7 @@ class LiveReference:
     def __post_init__(self) -> None:
         if self.rtol is not None and not self.rtol >= 0:
             raise ArgumentError(f"rtol = {self.rtol!r} is not allowed: a number >= 0")
+        self._step_set, self._site_set = set(self.steps), set(self.site_names)
 
     # -- building --------------------------------------------------------------------------
 
@@ -127,18 +138,17 @@ class LiveReference:
         if self.model is not None and model is not None and dict(self.model) != dict(model):
             theirs = ", ".join(f"{k}={v}" for k, v in self.model.items() if dict(model).get(k) != v)
             return f"{self.reference} is a run of another model ({theirs})"
-        covered = set(self.steps)
-        needed = list(recorded if recorded is not None else steps) if self.kind == "store" else list(steps)
         if self.kind == "megatron":
             return None  # its metrics have steps of their own: the check compares the steps the file has
-        uncovered = [s for s in needed if s not in covered]
+        needed = list(recorded if recorded is not None else steps) if self.kind == "store" else list(steps)
+        uncovered = [s for s in needed if s not in self._step_set]
         if self.kind == "store" and self.records is not None and not self.site_names:
             return f"{self.reference} has no per-site records to compare with"
         if uncovered:
             return (f"{self.reference} recorded {len(self.steps)} steps (up to {max(self.steps, default=-1)}); "
                     f"the run would record {len(uncovered)} it lacks, from step {uncovered[0]}")
         if sites is not None:
-            missing = [s for s in sites if s not in set(self.site_names)]
+            missing = [s for s in sites if s not in self._site_set]
             if missing and self.kind == "store":
                 return f"{self.reference} did not record {len(missing)} of the run's sites, {missing[0]} first"
         return None
@@ -168,12 +178,12 @@ class LiveReference:
     def _store_sites(self, steps: list[int], sites: list[str], fingerprints: np.ndarray,
                      stats: np.ndarray | None) -> Departure | None:
         assert self.records is not None
-        known = [s for s in steps if s in set(self.steps)]
-        if not known:
+        rows = [i for i, s in enumerate(steps) if s in self._step_set]
+        if not rows:
             return None
-        common = [s for s in sites if s in set(self.site_names)]
-        columns = [sites.index(s) for s in common]
-        rows = [steps.index(s) for s in known]
+        known = [steps[i] for i in rows]
+        columns = [j for j, s in enumerate(sites) if s in self._site_set]
+        common = [sites[j] for j in columns]
         if self.rtol is None:
             theirs = self.records.fingerprints.loc[known, common].to_numpy(dtype=np.uint64)
             differs = fingerprints[np.ix_(rows, columns)] != theirs
@@ -235,17 +245,14 @@ class LiveReference:
             expected = golden.scalars[name].dropna()
             if step not in expected.index:
                 continue
-            actual = round(float(row[name]), _ROUND)
-            actual = math.inf if math.isnan(actual) else actual
-            ref = float(expected.loc[step])
-            if bool(np.isclose(actual, ref, rtol=self.rtol or 0.0, atol=0.0)):
+            actual, ref, close = megatron_close(np.array([row[name]]), np.array([expected.loc[step]]), self.rtol)
+            if close[0]:
                 continue
-            total = len(expected)
-            allowed = 0 if self.rtol is None or total == 1 else min(max(total // 100, 1), 50)
+            allowed = megatron_allowance(len(expected), self.rtol)
             self._failures[name] = self._failures.get(name, 0) + 1
             if self._failures[name] > allowed:
                 extra = f" ({self._failures[name]} steps failed, {allowed} allowed)" if allowed else ""
-                return Departure(step, name, f"{actual!r} vs {ref!r}{extra}", self.reference)
+                return Departure(step, name, f"{float(actual[0])!r} vs {float(ref[0])!r}{extra}", self.reference)
         return None
 
 

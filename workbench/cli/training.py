@@ -70,9 +70,8 @@ def _run(args: argparse.Namespace) -> int:
 
         diverged = open_run(run_dir).attrs.get("diverged")
         if diverged is not None:
-            stopped_after = diverged.get("stopped_after")
-            departure = Departure(**{k: diverged[k] for k in ("step", "site", "detail", "reference")})
-            print_safe(departure.verdict(str(run_dir), str(args.against), stopped_after=stopped_after))
+            print_safe(Departure.from_dict(diverged).verdict(str(run_dir), str(args.against),
+                                                             stopped_after=diverged.get("stopped_after")))
             return 1
         print_safe(f"{cfg.name}: followed {args.against} at every compared step")
     return 0

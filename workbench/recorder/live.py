@@ -5,7 +5,7 @@ has departed, so that all of them stop at the same step.
     live = LiveCheck(load_reference(REF) if rank == 0 else None, rank=rank)
     recorder = Recorder(..., live=live)          # rank 0: each flush's fingerprints and statistics
     live.scalars(step, row)                      # rank 0: each step's loss, grad norm, ...
-    departure = live.verdict()                   # every rank, at the same steps: the departure or None
+    departure = live.announce(run_dir, step=step, keep_going=False)   # every rank, at each flush
 
 Nothing is added to the recorder's hot path: the comparison runs where a flush already holds the reduced
 numbers on the host, and the broadcast is one pickled object per flush.
@@ -14,11 +14,13 @@ numbers on the host, and the broadcast is one pickled object per flush.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
 
 from workbench.analysis.live import Departure, LiveReference
+from workbench.store.writer import update_manifest
 
 
 class LiveCheck:
@@ -59,5 +61,17 @@ class LiveCheck:
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [self.departure.to_dict() if self.rank == 0 and self.departure is not None else None]
             dist.broadcast_object_list(box, src=0)
-            self.departure = Departure(**box[0]) if box[0] is not None else None
+            self.departure = Departure.from_dict(box[0]) if box[0] is not None else None
         return self.departure
+
+    def announce(self, run_dir: Path, *, step: int, keep_going: bool) -> Departure | None:
+        """At a flush after ``step`` (every rank): the verdict and, for the first departure, its record in the
+        manifest (``diverged``: the departure and the step the run stops after, None with ``keep_going``)
+        written by rank 0; from then on nothing more is compared."""
+        departure = self.verdict()
+        if departure is not None:
+            self.announced = True
+            if self.rank == 0:
+                update_manifest(run_dir, diverged={**departure.to_dict(),
+                                                   "stopped_after": None if keep_going else step})
+        return departure

@@ -267,14 +267,8 @@ class TrainingRun:
         """At a flush (every rank): whether the run has left its reference; the first departure into the
         manifest (``diverged``) and, unless ``keep_going``, ``RunDiverged`` on every rank."""
         assert self.live is not None
-        departure = self.live.verdict()
-        if departure is None:
-            return
-        self.live.announced = True
-        stopped_after = None if self._keep_going else step
-        if self._rank == 0:
-            update_manifest(self.run_dir, diverged={**departure.to_dict(), "stopped_after": stopped_after})
-        if not self._keep_going:
+        departure = self.live.announce(self.run_dir, step=step, keep_going=self._keep_going)
+        if departure is not None and not self._keep_going:
             raise RunDiverged(f"{self.run_dir}: {departure.summary()}; stopped after step {step}", departure)
 
     @contextlib.contextmanager

@@ -96,12 +96,10 @@ def _departed(live: LiveCheck, step: int, row: dict[str, float], cfg: RunConfig,
         live.scalars(step, row)
     if live.announced or not ((step + 1) % cfg.flush_every == 0 or step == cfg.steps - 1):
         return False
-    departure = live.verdict()
+    departure = live.announce(run_dir, step=step, keep_going=keep_going)
     if departure is None:
         return False
-    live.announced = True
     if rank == 0:
-        update_manifest(run_dir, diverged={**departure.to_dict(), "stopped_after": None if keep_going else step})
         print(f"{DIVERGED}{departure.summary()}", flush=True)
     return not keep_going
 
