@@ -177,6 +177,10 @@ class EnvironmentDifference:
         not to be expected."""
         if self.identical:
             return "identical environments: the difference is in the code or the configuration"
+        if not self.differences and self.unknown and self.unknown[0].startswith(("every fact", "both runs")):
+            who = "neither run says" if self.unknown[0] == "both runs' facts" else \
+                f"the {self.unknown[0].split()[-2]} run does not say"
+            return f"environments not compared: {who} where it ran (an import, or an older store)"
         parts = [d.text() for d in self.differences]
         line = f"the runs differ in: {'; '.join(parts)}" if parts else "no recorded fact of the environment differs"
         if self.unknown:
