@@ -132,3 +132,9 @@ def test_a_user_loop_raises_on_every_rank(user_runs: Path, tmp_path: Path) -> No
     twin = train_user_loop(tmp_path / "twin", "--tp", "2", "--against", str(user_runs / "tp2"), "--flush-every", "2")
     assert open_run(tmp_path / "twin").status == "complete", twin.stdout[-2000:]
     json.dumps(run.attrs["diverged"])
+
+
+def test_a_user_loop_refuses_an_unreadable_reference_on_every_rank(tmp_path: Path) -> None:
+    refused = train_user_loop(tmp_path / "refused", "--tp", "2", "--against", str(tmp_path / "absent"), ok=False)
+    assert refused.returncode != 0 and refused.stderr.count("IncomparableRunsError") >= 2  # no rank left waiting
+    assert "absent" in refused.stderr and not (tmp_path / "refused").exists()

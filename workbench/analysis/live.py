@@ -43,7 +43,7 @@ from workbench.analysis.golden_values import (
     weights_fingerprints,
 )
 from workbench.analysis.tolerance import TOLERANCE_SCALARS, scalar_differences, site_differences
-from workbench.errors import ArgumentError
+from workbench.errors import ArgumentError, IncomparableRunsError
 from workbench.statistics import STAT_NAMES
 from workbench.store.reader import open_run
 from workbench.store.records import RunRecords
@@ -263,4 +263,8 @@ def load_reference(path: str | os.PathLike[str], *, rtol: float | None = None) -
     if path.is_file() or path.suffix == ".json":
         return LiveReference.of_golden(read_golden_values(path), rtol=rtol)
     run = open_run(path)
+    if not run.has_sites:
+        raise IncomparableRunsError(f"{path}: no per-site records to follow while training (an imported or "
+                                    "unrecorded run); check the run against it afterwards: workbench check RUN "
+                                    f"--golden {path}")
     return LiveReference.of_run(run.records(), run_id=run.run_id, rtol=rtol)

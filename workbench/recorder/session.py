@@ -53,7 +53,7 @@ import torch.distributed as dist
 from workbench import determinism, environment
 from workbench.analysis.live import load_reference
 from workbench.config import RecordConfig
-from workbench.errors import ArgumentError, IncomparableRunsError, RunDiverged
+from workbench.errors import ArgumentError, IncomparableRunsError, RunDiverged, WorkbenchError
 from workbench.recorder.live import LiveCheck
 from workbench.recorder.recorder import Recorder
 from workbench.recorder.targets import all_gather_objects, hybrid_pattern, unwrap
@@ -226,10 +226,13 @@ class TrainingRun:
         """The reference (global rank 0 reads it), or ``IncomparableRunsError`` on every rank, with rank 0's
         reason, before anything is written."""
         reference, reason = None, None
-        if self._rank == 0:
-            reference = load_reference(against, rtol=rtol)
-            recorded = (record or RecordConfig()).recorded_steps(self._steps)
-            reason = reference.refusal(model=signature.shape(), steps=range(self._steps), recorded=recorded)
+        if self._rank == 0:  # a reference it cannot read is a reason too: the other ranks wait for one
+            try:
+                reference = load_reference(against, rtol=rtol)
+                recorded = (record or RecordConfig()).recorded_steps(self._steps)
+                reason = reference.refusal(model=signature.shape(), steps=range(self._steps), recorded=recorded)
+            except WorkbenchError as err:
+                reason = str(err)
         reason = all_gather_objects(reason)[0]
         if reason is not None:
             raise IncomparableRunsError(f"against={str(against)!r}: {reason}")
