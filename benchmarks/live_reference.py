@@ -7,7 +7,11 @@ then, interleaved ``--repeats`` times in one process: a run with a one-bit fault
 reference (all N steps) and with ``--against`` the reference (it stops at the flush after k); and a bitwise
 twin trained without and with ``--against`` (it never departs: the difference is the comparison's cost).
 Prints the median steps trained and seconds of each, and the twin's median step time with and without the
-reference (from the runs' own ``step_time``, so process start-up is left out) and their ratio.
+reference (from the runs' own ``step_time``, so process start-up is left out); then what the comparison costs
+when nothing departs: the twins' wall seconds, with less without (median of the side-by-side pairs), loading the
+reference timed alone (once per run, before the first step), and the comparison itself timed alone
+(``LiveReference.sites`` over each flush of the twin's own records, bitwise and with ``rtol``; the broadcast of
+the verdict is left out: one process).
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from workbench.analysis.live import load_reference
 from workbench.config import RunConfig
 from workbench.runner.launch import launch
+from workbench.statistics import STAT_NAMES
 from workbench.store.reader import open_run
 
 TINY: dict[str, Any] = {
@@ -59,15 +67,52 @@ def main() -> None:
                                        ("twin", base, None), ("twin --against", base, reference)):
                 results[name].append(_train(cfg, root / name.replace(" ", ""), against))
             print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
+        _report(results, args, root)
+
+
+def _report(results: dict[str, list[tuple[int, float, float]]], args: argparse.Namespace, root: Path) -> None:
+    """The table of the runs, the twins' wall difference per step, the comparison timed alone."""
     print(f"\nthe fault at step {args.fault_step} of {args.steps}, flush every {args.flush_every} steps "
           f"(medians of {args.repeats}):")
     print(f"{'run':<18}{'steps trained':>15}{'seconds':>10}{'step time, ms':>15}")
     for name, rows in results.items():
         steps, seconds, step_time = (statistics.median(column) for column in zip(*rows, strict=True))
         print(f"{name:<18}{steps:>15.0f}{seconds:>10.1f}{1000 * step_time:>15.1f}")
-    ratios = [b[2] / a[2] for a, b in zip(results["twin"], results["twin --against"], strict=True)]
-    print(f"\nper step, nothing departing: --against / without = {statistics.median(ratios):.3f} "
-          f"(median of {args.repeats} side-by-side pairs)")
+        if name.startswith("twin"):
+            print(f"  {name}: seconds of the {args.repeats} repeats "
+                  + ", ".join(f"{row[1]:.2f}" for row in rows))
+    extra = [b[1] - a[1] for a, b in zip(results["twin"], results["twin --against"], strict=True)]
+    begin = time.perf_counter()
+    load_reference(root / "reference")
+    loading = time.perf_counter() - begin
+    print(f"\nnothing departing, the twin's run with --against less without: {statistics.median(extra):+.2f} s of "
+          f"wall time (median of {args.repeats} side-by-side pairs; {args.steps} steps of "
+          f"{1000 * statistics.median(r[2] for r in results['twin']):.1f} ms); loading the reference alone "
+          f"{loading:.2f} s")
+    for rtol in (None, 1e-6):
+        per_flush = _comparison_seconds(root / "reference", root / "twin--against", args.flush_every, rtol)
+        label = "bitwise" if rtol is None else f"rtol {rtol:g}"
+        print(f"the comparison alone, {label}: {1000 * per_flush:.2f} ms per flush of {args.flush_every} "
+              f"steps ({1000 * per_flush / args.flush_every:.3f} ms per step; median over the twin's flushes)")
+
+
+def _comparison_seconds(reference_dir: Path, twin_dir: Path, flush_every: int, rtol: float | None) -> float:
+    """Median seconds of ``LiveReference.sites`` over each flush of the twin's records (what rank 0 adds to a
+    flush when nothing departs)."""
+    reference = load_reference(reference_dir, rtol=rtol)
+    records = open_run(twin_dir).records()
+    sites, steps = list(records.sites), list(records.steps)
+    seconds = []
+    for start in range(0, len(steps), flush_every):
+        chunk = steps[start:start + flush_every]
+        fingerprints = records.fingerprints.loc[chunk, sites].to_numpy(dtype=np.uint64)
+        stats = np.asarray(records.stats.sel(step=chunk, site=sites, stat=list(STAT_NAMES))
+                           .transpose("step", "site", "stat").to_numpy(), dtype=float)
+        begin = time.perf_counter()
+        found = reference.sites(chunk, sites, fingerprints, stats)
+        seconds.append(time.perf_counter() - begin)
+        assert found is None, found
+    return statistics.median(seconds)
 
 
 if __name__ == "__main__":

@@ -294,6 +294,10 @@ FIELDS: dict[tuple[str | int, ...], st.SearchStrategy[Any]] = {
     ("replay",): _other_than("dict", "null"),
     ("replay", "step"): _whole_number(0, _COUNT, optional=True),
     ("replay", "from_step"): _whole_number(0, _COUNT, optional=True),
+    ("diverged",): _other_than("dict", "null"),
+    ("diverged", "step"): _whole_number(0, _COUNT, optional=True),
+    ("diverged", "site"): _other_than("str", "null"),
+    ("diverged", "reference"): _other_than("str", "null"),
     ("steps_planned",): _whole_number(0, _COUNT, optional=True) | st.integers(0, 7),  # fewer than the scalars' 8
     ("model",): _other_than("dict", "null") | st.dictionaries(  # a mapping without the model's sizes
         st.text(max_size=8).filter(lambda k: not k.endswith(("layers", "size", "heads", "length"))), _LEAF,
@@ -316,7 +320,8 @@ FIELDS: dict[tuple[str | int, ...], st.SearchStrategy[Any]] = {
 """Each field a reader checks, with values that are invalid for it."""
 
 _PARENTS: dict[str, dict[str, Any]] = {"started_from": {"run": "elsewhere", "run_id": "elsewhere-0", "step": 0},
-                                       "replay": {"step": 1, "from_step": 0}}
+                                       "replay": {"step": 1, "from_step": 0},
+                                       "diverged": {"step": 1, "site": "loss", "reference": "elsewhere-0"}}
 """Valid mappings to put a nested field in, where the good store has none."""
 
 
