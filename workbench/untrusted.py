@@ -5,6 +5,7 @@ and a pickle runs whatever it asks for while it loads. What the workbench reads 
 through this module:
 
     load_torch_file(path)              torch.load(weights_only=True); a refusal names the class asked for
+    load_torch_tensors(path)           the same, but an object of another class is skipped, never built
     check_dcp_metadata(folder)         a distributed checkpoint's ``.metadata`` through an allow-list
     check_megatron_checkpoint(folder)  the same, and Megatron's ``metadata.json`` and common state
     check_checkpoint_folder(folder)    every file under a folder that some loader would unpickle
@@ -22,6 +23,7 @@ check a checkpoint before any rank starts.
 
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import json
 import pickle
@@ -29,7 +31,7 @@ import pickletools
 import re
 import warnings
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -199,9 +201,58 @@ def check_torch_file(path: str | Path) -> None:
     load_torch_file(path, mmap=True)
 
 
+class SkippedObject:
+    """What a file asked to build and ``load_torch_tensors`` did not: an empty stand-in named after the class
+    the file named (``asked_for``), which was never imported."""
+
+    asked_for = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<skipped {self.asked_for}>"
+
+
+def load_torch_tensors(path: str | Path, *, damaged: type[WorkbenchError] = CheckpointError) -> tuple[Any, list[str]]:
+    """``load_torch_file`` for a file that also pickles objects of its own classes (a Megatron-LM tensor dump
+    keeps a module's non-tensor arguments beside its tensors): torch's weights-only unpickler builds the
+    tensors and containers, and each other class the file names is read as a ``SkippedObject`` (its
+    constructor, state and module are never touched). Returns the object and the classes skipped. A file
+    that names the modules torch never allows (``os``, ``sys``) is still refused."""
+    import torch
+    from torch import _weights_only_unpickler
+
+    path = Path(path)
+    allowed = _weights_only_unpickler._get_allowed_globals()
+    asked = [name for name in map(_python3_name, _pickle_globals(path)) if name not in allowed]
+    stand_ins: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+        (type(name.rpartition(".")[2] or "Skipped", (SkippedObject,), {"asked_for": name}), name) for name in asked]
+    with torch.serialization.safe_globals(stand_ins):
+        return load_torch_file(path, damaged=damaged), asked
+
+
+def _python3_name(name: str) -> str:
+    """A global as the unpickler looks it up: a protocol-2 pickle names ``__builtin__.eval`` for
+    ``builtins.eval`` (``_compat_pickle``'s mapping)."""
+    module, _, attribute = name.rpartition(".")
+    module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+    module, attribute = _compat_pickle.NAME_MAPPING.get((module, attribute), (module, attribute))
+    return f"{module}.{attribute}"
+
+
 def _globals_in(path: Path, limit: int = 64 << 20) -> list[str]:
-    """The globals other than torch's that the pickle in a file names, read with ``pickletools`` (nothing is
-    built or run), for the message about a file torch refused without naming a class."""
+    """The globals other than torch's that the pickle in a file names, for the message about a file torch
+    refused without naming a class."""
+    return [n for n in _pickle_globals(path, limit) if not n.startswith(("torch.", "collections."))][:3]
+
+
+def _pickle_globals(path: Path, limit: int = 64 << 20) -> list[str]:
+    """Every global the pickle in a file names, in order, read with ``pickletools`` (nothing is built or run);
+    empty where it cannot be read."""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
@@ -237,7 +288,7 @@ def _globals_in(path: Path, limit: int = 64 << 20) -> list[str]:
                 last = pushed
     except Exception:  # a damaged stream: keep what was read
         pass
-    return [n for n in dict.fromkeys(names) if not n.startswith(("torch.", "collections."))][:3]
+    return list(dict.fromkeys(names))
 
 
 # --- distributed checkpoints ------------------------------------------------------------------------------

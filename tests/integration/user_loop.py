@@ -17,6 +17,11 @@ GPTModel's for the same blocks, so the two models start equal).
 (the test's own forward hook; the lowest bit could vanish in the residual add, depending on
 the values, which depend on the CPU); ``--raise-at STEP`` makes the loop fail there.
 
+``--megatron-dumps SAVE`` also writes Megatron-LM's own tensor dumps under SAVE every step, by
+``megatron.training``'s functions called as ``train_step`` calls them (activations and dgrads hooked
+around the forward-backward, wgrads after the gradients' reduction, params after the optimizer step;
+megatron-core 0.17+); ``--micro-batches`` sets their number (a dump keeps the last one).
+
 ``--against REF`` records with a live reference (``record(..., against=REF)``, flushing every
 ``--flush-every`` steps, ``--keep-going``); a ``RunDiverged`` ends the process with exit code 3 and the
 departure on stdout, on every rank.
@@ -41,7 +46,7 @@ from workbench.errors import RunDiverged
 from workbench.recorder import record
 from workbench.runner import cpu_compat
 
-SEQ, VOCAB, MICRO_BATCH, MICRO_BATCHES = 16, 128, 2, 2
+SEQ, VOCAB, MICRO_BATCH = 16, 128, 2
 
 
 def parse() -> argparse.Namespace:
@@ -60,12 +65,60 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--against", default=None, help="a live reference: a run folder or a golden file")
     parser.add_argument("--flush-every", type=int, default=10)
     parser.add_argument("--keep-going", action="store_true")
+    parser.add_argument("--megatron-dumps", default=None, help="SAVE: Megatron-LM's tensor dumps, every step")
+    parser.add_argument("--micro-batches", type=int, default=2)
     return parser.parse_args()
 
 
-def batches(step: int, rank_seed: int) -> list[torch.Tensor]:
+class MegatronDumps:
+    """Megatron-LM's dumps of one step, written by its own functions in the order ``train_step`` writes them.
+
+    Two of Megatron's own bugs are routed around first. Without Transformer Engine, megatron-core 0.19's
+    ``LINEAR_TYPES`` hold TE placeholders that are not classes, so ``isinstance`` raises ``TypeError:
+    isinstance() arg 2 must be a type``: they are filtered out. With fp32 logits, the vocab-parallel cross
+    entropy subtracts the maximum from the logits in place (its ``.float()`` copies only other dtypes), which
+    autograd forbids on the output of a module with a full backward hook (the dgrads' hook on
+    ``output_layer``): it is handed a copy of the same values."""
+
+    def __init__(self, save: str, model: torch.nn.Module) -> None:
+        from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
+        from megatron.training import activation_logging, dgrad_logging
+
+        for module in (activation_logging, dgrad_logging):
+            module.LINEAR_TYPES = tuple(t for t in module.LINEAR_TYPES if isinstance(t, type))
+        in_place = VocabParallelCrossEntropy.calculate_logits_max
+        VocabParallelCrossEntropy.calculate_logits_max = staticmethod(  # type: ignore[method-assign]
+            lambda logits: in_place(logits.clone() if logits.dtype == torch.float32 else logits))
+        self.save, self.model = save, model
+        self.activations, self.dgrads = activation_logging, dgrad_logging
+
+    def before_forward(self) -> None:
+        self.activations.enable_activation_logging([self.model], self.save)
+        self.dgrads.enable_dgrad_logging([self.model], self.save)
+
+    def after_backward(self, step: int) -> None:
+        self.activations.save_activations(step + 1)
+        self.activations.disable_activation_logging()
+        self.dgrads.save_dgrads(step + 1)
+        self.dgrads.disable_dgrad_logging()
+
+    def tensors(self, attribute: str, label: str, step: int) -> None:
+        """``train_step``'s ``_save_state_dict``: every parameter's ``attribute`` (main_grad, data)."""
+        from collections import defaultdict
+
+        from megatron.core.utils import unwrap_model
+        from megatron.training.checkpointing import save_grads
+
+        state: defaultdict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+        for name, param in unwrap_model(self.model).named_parameters():
+            if getattr(param, attribute, None) is not None:
+                state["model_chunk0"][name] = getattr(param, attribute).cpu()
+        save_grads(self.save, state, step + 1, label)
+
+
+def batches(step: int, rank_seed: int, count: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(rank_seed * 1000 + step)
-    return [torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=generator) for _ in range(MICRO_BATCHES)]
+    return [torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=generator) for _ in range(count)]
 
 
 def record_without_optimizer(run_dir, chunks, optimizer, **options):  # type: ignore[no-untyped-def]
@@ -145,7 +198,9 @@ def main() -> None:
 
         return output, loss_func
 
+    MICRO_BATCHES = args.micro_batches  # noqa: N806 (the README snippet's name)
     run_dir, steps, global_batch_size = args.run_dir, args.steps, MICRO_BATCH * MICRO_BATCHES
+    dumps = MegatronDumps(args.megatron_dumps, model) if args.megatron_dumps else None
     EVAL_EVERY = args.eval_every or steps + 1  # noqa: N806 (the README snippet's name)
     with record(run_dir, [model], optimizer, steps=steps, global_batch_size=global_batch_size, seed=args.seed,
                 user_config=vars(args)) as run:
@@ -156,20 +211,28 @@ def main() -> None:
                     raise RuntimeError(f"the loop failed at step {step}")
                 model.zero_grad_buffer()
                 optimizer.zero_grad()
+                if dumps:
+                    dumps.before_forward()
                 losses = forward_backward_func(
-                    forward_step_func=forward_step, data_iterator=iter(batches(step, args.seed)), model=[model],
-                    num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+                    forward_step_func=forward_step, data_iterator=iter(batches(step, args.seed, MICRO_BATCHES)),
+                    model=[model], num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=MICRO_BATCH,
                     forward_only=False)
+                if dumps:
+                    dumps.after_backward(step)
                 finalize_model_grads([model])
+                if dumps:
+                    dumps.tensors("main_grad", "wgrads", step)
                 for p in model.parameters():
                     p.grad = p.main_grad
                 optimizer.step()
+                if dumps:
+                    dumps.tensors("data", "params", step)
                 loss = sum(float(x["lm loss"]) for x in losses) / MICRO_BATCHES if losses else None
                 run.log(loss=loss, lr=optimizer.param_groups[0]["lr"])
                 if step % EVAL_EVERY == EVAL_EVERY - 1:
                     with run.evaluating(), torch.no_grad():
                         held_out = forward_backward_func(
-                            forward_step_func=forward_step, data_iterator=iter(batches(-1, args.seed)),
+                            forward_step_func=forward_step, data_iterator=iter(batches(-1, args.seed, MICRO_BATCHES)),
                             model=[model], num_microbatches=MICRO_BATCHES, seq_length=SEQ,
                             micro_batch_size=MICRO_BATCH, forward_only=True)
                     run.log(val_loss=sum(float(x["lm loss"]) for x in held_out) / MICRO_BATCHES if held_out else None)

@@ -180,6 +180,7 @@ def test_ls_lists_the_readable_runs_and_names_each_unreadable_one(stores: dict[s
     (["run", "{file}"], "not valid TOML"),
     (["sweep", "{tmp}/absent.toml"], "absent.toml"),
     (["import-te", "{tmp}/absent.log", "--out", "{tmp}/imported"], "absent.log"),
+    (["import-megatron-dumps", "{tmp}/absent", "--out", "{tmp}/imported"], "absent: not a folder"),
     (["ls", "{tmp}/absent"], "no such directory"),
     (["compare", "{good}", "{good}", "--json"], None),
 ])

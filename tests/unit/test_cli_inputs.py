@@ -67,6 +67,7 @@ def test_help_still_prints_the_usage(capsys: pytest.CaptureFixture[str]) -> None
     (["bisect", "{a}", "{a}", "--step", "-1", "--out", "{out}"], "--step", ">= 0"),
     (["resume-check", "{a}", "{a}", "--from-step", "-2"], "--from-step", ">= 0"),
     (["import-megatron", "{a}", "--out", "{out}", "--tokens-per-step", "0"], "--tokens-per-step", ">= 1"),
+    (["import-megatron-dumps", "{a}", "--out", "{out}", "--ep", "0"], "--ep", ">= 1"),
 ])
 def test_numbers_out_of_range_are_refused_before_any_work(runs, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                           capsys: pytest.CaptureFixture[str], argv: list[str],
@@ -100,6 +101,7 @@ def test_numbers_at_their_bounds_are_accepted() -> None:
     ["figure", "pairs", "{a}", "-o", "{tmp}/pairs.html", "--data", "{bad}/pairs.csv"],
     ["import-te", "{tmp}/log.txt", "--out", "{bad}"],
     ["import-megatron", "{tmp}/tb", "--out", "{bad}"],
+    ["import-megatron-dumps", "{tmp}/save", "--out", "{bad}"],
     ["replay", "{a}", "--step", "1", "--out", "{bad}"],
     ["bisect", "{a}", "{a}", "--out", "{bad}"],
     ["golden", "{a}", "--out", "{bad}/g.json"],

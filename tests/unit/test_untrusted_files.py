@@ -618,3 +618,25 @@ def test_resume_and_replay_refuse_a_bad_model_file_before_any_rank_starts(
     assert "model_tp0_pp0.pt" in lines[0] and "weights_only" not in err and "Traceback" not in err
     assert (run / "logs" / "rank0.log").read_text() == log  # no rank started
     assert not (tmp_path / "replay").exists()
+
+
+class _Evaluates:
+    """A pickle that calls ``eval`` while it loads (a builtin, which torch does not block by module)."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (eval, ("open('/tmp/workbench-eval-was-run', 'w')",))
+
+
+def test_load_torch_tensors_reads_the_tensors_and_skips_every_other_object_unbuilt(tmp_path: Path) -> None:
+    from workbench.untrusted import SkippedObject, load_torch_tensors
+
+    marker = Path("/tmp/workbench-eval-was-run")
+    marker.unlink(missing_ok=True)
+    path = tmp_path / "dump.pth"
+    torch.save({"x": torch.arange(3.0), "call": _Evaluates(), "n": 2}, path)
+    content, skipped = load_torch_tensors(path)
+    assert torch.equal(content["x"], torch.arange(3.0)) and content["n"] == 2
+    assert isinstance(content["call"], SkippedObject) and content["call"].asked_for == "builtins.eval"
+    assert skipped == ["builtins.eval"] and not marker.exists()
+    with pytest.raises(UntrustedFileError, match="asks for eval"):
+        load_torch_file(path)  # the all-or-nothing loader still refuses the file

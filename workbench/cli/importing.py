@@ -1,4 +1,5 @@
-"""The verbs that turn other tools' files into run stores: ``import-te``, ``import-megatron``."""
+"""The verbs that turn other tools' files into run stores: ``import-te``, ``import-megatron``,
+``import-megatron-dumps``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from workbench.cli._common import whole, writable_dir
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    for add in (_add_import_te, _add_import_megatron):
+    for add in (_add_import_te, _add_import_megatron, _add_import_megatron_dumps):
         add(verbs)
 
 
@@ -48,4 +49,34 @@ def _import_megatron(args: argparse.Namespace) -> int:
 
     run_dir = import_megatron_tensorboard(args.logdir, args.out, name=args.name, tokens_per_step=args.tokens_per_step)
     print(f"imported {args.logdir} into {run_dir}")
+    return 0
+
+
+def _add_import_megatron_dumps(verbs: argparse._SubParsersAction) -> None:
+    dumps = verbs.add_parser("import-megatron-dumps", help="import Megatron-LM's tensor dumps (--save-activations-"
+                             "interval, --save-dgrads-interval, --save-wgrads-interval, --save-params-interval) as "
+                             "a run whose sites line up with a recorded run's")
+    dumps.add_argument("save_dir", type=Path, help="Megatron-LM's --save folder (or one of its activations/, "
+                       "dgrads/, wgrads/, params/ folders)")
+    dumps.add_argument("--out", type=writable_dir, required=True, help="the run folder to create")
+    dumps.add_argument("--name", default=None, help="run name (default: the folder's name)")
+    dumps.add_argument("--ep", type=whole(1), default=None,
+                       help="the expert-parallel size, where file names carry one rank suffix and it is the "
+                       "expert rank (default: a single suffix is the pipeline rank)")
+    dumps.add_argument("--sequence-parallel", action="store_true",
+                       help="the run used sequence parallelism (its activations are split along the sequence)")
+    dumps.add_argument("--precision", choices=("fp32", "bf16", "fp16", "fp8"), default=None,
+                       help="the run's precision, for the underflow and overflow counts (default: the dtype of "
+                       "the parameters or activations)")
+    dumps.set_defaults(func=_import_megatron_dumps)
+
+
+def _import_megatron_dumps(args: argparse.Namespace) -> int:
+    from workbench.megatron_lm.dumps import import_megatron_dumps
+
+    start = time.monotonic()
+    run_dir = import_megatron_dumps(args.save_dir, args.out, name=args.name, ep=args.ep,
+                                    sequence_parallel=args.sequence_parallel, precision=args.precision)
+    print(f"imported {args.save_dir} into {run_dir} in {time.monotonic() - start:.1f} s; compare it with "
+          f"another import or a recorded run: workbench compare {run_dir} OTHER")
     return 0

@@ -213,13 +213,19 @@ def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str 
     for start in range(0, len(arrays.steps), _BLOCK):
         write_site_rows(run_dir, start, stats[start:start + _BLOCK], fingerprints[start:start + _BLOCK])
 
+    write_unlogged_scalars(run_dir, steps)
+    set_status(run_dir, layout.Status.COMPLETE)
+    return run_dir
+
+
+def write_unlogged_scalars(run_dir: Path, steps: int) -> None:
+    """Per-step scalars for an import that has none: NaN (integer fields 0) at every step, each step marked
+    written, so the store reads as complete."""
     writer = ScalarWriter(run_dir, flush_every=steps)
     no_scalars = {field: (0 if dtype.startswith("int") else np.nan) for field, dtype in layout.SCALAR_FIELDS.items()}
     for step in range(steps):
         writer.append(step, no_scalars)
     writer.close()
-    set_status(run_dir, layout.Status.COMPLETE)
-    return run_dir
 
 
 def _site_infos(arrays: TableArrays) -> list[SiteInfo]:

@@ -1,0 +1,168 @@
+"""``workbench import-megatron-dumps`` on dump folders written here in Megatron-LM's documented format (the
+real writer's dumps are in tests/integration/test_megatron_dumps.py): TP shards join by the fingerprint's
+rule, each dump kind lands at its step, and bad or hostile files are one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.cli import main
+from workbench.megatron_lm.dumps import import_megatron_dumps
+from workbench.statistics import fingerprint_reference
+from workbench.store.reader import open_run
+
+SEQ, BATCH, HIDDEN, FFN = 4, 2, 8, 16
+
+
+class _Settings:
+    """A module argument Megatron pickles beside the tensors (the way a PackedSeqParams would be)."""
+
+    def __init__(self) -> None:
+        self.value = 3
+
+
+class _Hostile:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/workbench-dump-was-run",))
+
+
+def _full_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"fc1.weight": torch.randn(FFN, HIDDEN, generator=generator),
+            "fc2.weight": torch.randn(HIDDEN, FFN, generator=generator),
+            "norm.weight": torch.randn(HIDDEN, generator=generator),
+            "fc1.in": torch.randn(SEQ, BATCH, HIDDEN, generator=generator),
+            "fc1.out": torch.randn(SEQ, BATCH, FFN, generator=generator),
+            "fc2.out": torch.randn(SEQ, BATCH, HIDDEN, generator=generator)}
+
+
+def _write(save: Path, tp: int, full: dict[str, torch.Tensor], iterations: tuple[int, ...] = (1, 2),
+           extra: dict[str, object] | None = None) -> Path:
+    """Megatron-LM's dumps of a one-layer MLP at ``tp``: fc1 column-parallel, fc2 row-parallel."""
+    mlp = "decoder.layers.0.mlp"
+    for iteration in iterations:
+        for rank in range(tp):
+            def shard(x: torch.Tensor, dim: int, rank: int = rank) -> torch.Tensor:
+                return x.chunk(tp, dim=dim)[rank].clone()
+
+            params = {f"{mlp}.linear_fc1.weight": shard(full["fc1.weight"], 0),
+                      f"{mlp}.linear_fc2.weight": shard(full["fc2.weight"], 1),
+                      "decoder.layers.0.pre_mlp_layernorm.weight": full["norm.weight"].clone()}
+            activations = {f"{mlp}.linear_fc1/input0": full["fc1.in"].clone(),
+                           f"{mlp}.linear_fc1/output0": shard(full["fc1.out"], 2),
+                           f"{mlp}.linear_fc2/input0": shard(full["fc1.out"], 2),
+                           f"{mlp}.linear_fc2/output0": full["fc2.out"].clone(), **(extra or {})}
+            for kind, content in (("params", params), ("activations", activations)):
+                folder = save / kind / f"iter_{iteration:07d}"
+                folder.mkdir(parents=True, exist_ok=True)
+                torch.save({"model_chunk0": content}, folder / f"mp_rank_{rank:02d}.pth")
+    return save
+
+
+def _activation_fingerprint(x: torch.Tensor) -> int:
+    """The recorder's fingerprint of an activation [seq, batch, features]: keyed by its index in [batch, seq,
+    features]."""
+    full = x.transpose(0, 1).contiguous().numpy()
+    return fingerprint_reference(full)
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def test_tp_shards_join_to_the_full_tensors_fingerprints(tmp_path: Path) -> None:
+    full = _full_tensors()
+    one = open_run(import_megatron_dumps(_write(tmp_path / "tp1", 1, full), tmp_path / "one", progress=_quiet))
+    two = open_run(import_megatron_dumps(_write(tmp_path / "tp2", 2, full), tmp_path / "two", progress=_quiet))
+    a, b = one.records(), two.records()
+    assert list(a.sites) == list(b.sites) and (a.fingerprints == b.fingerprints).all().all()
+    assert two.manifest.layout.tp == 2
+    expected = {"param:layers.0.mlp.linear_fc1.weight": fingerprint_reference(full["fc1.weight"].numpy()),
+                "param:layers.0.mlp.linear_fc2.weight": fingerprint_reference(full["fc2.weight"].numpy()),
+                "param:layers.0.pre_mlp_layernorm.weight": fingerprint_reference(full["norm.weight"].numpy()),
+                "act:layers.0.mlp.linear_fc1/input0": _activation_fingerprint(full["fc1.in"]),
+                "act:layers.0.mlp.linear_fc1": _activation_fingerprint(full["fc1.out"]),
+                "act:layers.0.mlp.linear_fc2/input0": _activation_fingerprint(full["fc1.out"]),
+                "act:layers.0.mlp": _activation_fingerprint(full["fc2.out"])}
+    assert {site: int(b.fingerprints.at[1, site]) for site in expected} == expected
+    count = b.stats.sel(stat="count", step=1)
+    assert int(count.sel(site="param:layers.0.mlp.linear_fc2.weight")) == HIDDEN * FFN  # both shards, once each
+    assert int(count.sel(site="act:layers.0.mlp")) == SEQ * BATCH * HIDDEN  # a replica counted once
+
+
+def test_params_land_at_the_step_they_start_and_activations_at_the_step_they_were_taken(tmp_path: Path) -> None:
+    run = open_run(import_megatron_dumps(_write(tmp_path / "save", 1, _full_tensors(), iterations=(3,)),
+                                         tmp_path / "run", progress=_quiet))
+    records = run.records()
+    assert records.steps == [2, 3]  # iter_3: activations of step 2, parameters step 3 starts from
+    assert np.isnan(records.stats.sel(step=2, site="param:layers.0.mlp.linear_fc1.weight", stat="sum"))
+    assert np.isnan(records.stats.sel(step=3, site="act:layers.0.mlp", stat="sum"))
+    assert run.status == "complete" and run.steps_completed == 4
+
+
+def test_a_changed_element_is_the_first_divergence_with_its_input_equal(tmp_path: Path) -> None:
+    full = _full_tensors()
+    changed = {**full, "fc1.out": full["fc1.out"].clone()}
+    changed["fc1.out"].view(-1)[5] = torch.nextafter(changed["fc1.out"].view(-1)[5], torch.tensor(np.inf))
+    a = import_megatron_dumps(_write(tmp_path / "a", 2, full), tmp_path / "ra", progress=_quiet)
+    b = import_megatron_dumps(_write(tmp_path / "b", 2, changed), tmp_path / "rb", progress=_quiet)
+    from workbench.analysis.compare import compare
+
+    result = compare(open_run(a).records(), open_run(b).records())
+    assert (result.first_step, result.first_site) == (0, "act:layers.0.mlp.linear_fc1")
+
+
+def test_a_non_tensor_argument_is_skipped_and_named_and_progress_is_shown(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    save = _write(tmp_path / "save", 1, _full_tensors(), extra={"decoder.layers.0.mlp.linear_fc1/packed": _Settings(),
+                                                               "decoder.layers.0.mlp.linear_fc1/flag": True})
+    assert main(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")]) == 0
+    skipped = open_run(tmp_path / "run").attrs["imported"]["skipped"]
+    assert skipped == {"activations: decoder.layers.0.mlp.linear_fc1/packed": f"{__name__}._Settings",
+                       "activations: decoder.layers.0.mlp.linear_fc1/flag": "bool"}
+    err = capsys.readouterr().err
+    assert "iter_0000002 (2/2): 2 files" in err and "MB/s" in err
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("workbench: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_a_hostile_dump_is_refused_and_never_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = Path("/tmp/workbench-dump-was-run")
+    marker.unlink(missing_ok=True)
+    save = _write(tmp_path / "save", 1, _full_tensors(), extra={"decoder.layers.0.mlp.linear_fc1/x": _Hostile()})
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    assert "refused" in line and "system" in line and not marker.exists()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "keys", "empty", "missing rank", "not a folder"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    save = _write(tmp_path / "save", 2, _full_tensors())
+    first = save / "activations" / "iter_0000001" / "mp_rank_00.pth"
+    if damage == "truncated":
+        first.write_bytes(first.read_bytes()[:200])
+    elif damage == "keys":
+        torch.save({"layers": {"x": torch.ones(2)}}, first)
+    elif damage == "empty":
+        save = tmp_path / "nothing"
+        save.mkdir()
+    elif damage == "missing rank":
+        first.unlink()
+    else:
+        save = first
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    expected = {"truncated": "truncated or corrupt", "keys": "not a Megatron-LM dump", "empty": "no Megatron-LM",
+                "missing rank": "is missing", "not a folder": "not a folder"}[damage]
+    assert expected in line, line
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,443 @@
+"""Megatron-LM's tensor dumps read into a run store whose sites line up with a recorded run's.
+
+Megatron-LM (``megatron.training``, megatron-core 0.17+) writes, every N iterations of its flags
+``--save-{activations,dgrads,wgrads,params}-interval``, one ``torch.save`` file per model-parallel rank:
+
+    {save}/{activations|dgrads|wgrads|params}/iter_{N:07d}/mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}].pth
+    {"model_chunk{i}": {"<module>/input{k}" | "<module>/output{k}" | "<module>/<kwarg>": tensor}}   activations
+    {"model_chunk{i}": {"<module>/output{k}" | "<module>/input{k}": gradient}}                       dgrads
+    {"model_chunk{i}": {"<parameter>": tensor}}                                                    wgrads, params
+
+``import_megatron_dumps(save_dir, run_dir)`` turns a folder of them into a run store:
+
+* **When.** ``iter_N`` is 1-based: activations, dgrads and wgrads of ``iter_N`` were taken during step N-1;
+  params after step N-1's update, so they are the parameters step N starts from (the recorder's ``param``
+  at step N).
+* **Names.** Each tensor gets the recorder's canonical site name (``workbench.sites``: global layer numbers
+  from the pipeline split, global expert numbers, no wrapper prefixes):
+
+      params  <parameter>                        param:<parameter>
+      wgrads  <parameter> (main_grad, reduced)   grad:<parameter>
+      activations <module>/output0               act:<module>, but
+                  .../self_attention/linear_proj/output0     act:layers.N.self_attention  (what the attention
+                  .../mlp/linear_fc2/output0                 act:layers.N.mlp              block and the MLP return)
+      activations <module>/input{k}, /output{k>0}, /<kwarg>  act:<module>/input{k}, ...    (inputs kept apart)
+      dgrads      <module>/output{k}, /input{k}  act_grad: the same names (the gradient of that tensor)
+
+  A module's inputs come before its outputs in the forward's execution order (the order Megatron's hooks
+  filled the file in), so the first differing site of two imports names the first module whose output
+  differs while its inputs are equal; in the backward, a module's output gradient comes before its inputs'.
+* **Shards.** The TP shards of a tensor are joined by the fingerprint's own rule: each element is keyed by
+  its index in the full tensor (``Placement``), so the TP=2 shards of a column-parallel weight fingerprint
+  exactly as the TP=1 weight does. Split over TP: the weights (and biases) of ``linear_qkv``, ``linear_fc1``,
+  ``output_layer`` and ``word_embeddings`` along rows, of ``linear_proj`` and ``linear_fc2`` along columns;
+  the outputs of the first group and the inputs of the second along features (with ``sequence_parallel``,
+  the other activations along the sequence); anything else is a replica that TP rank 0 counts. With EP > 1,
+  Megatron writes one file per EP rank: the experts' tensors are each rank's own, while the dense modules'
+  are other data replicas (and non-expert wgrads are duplicated), so those are read from EP rank 0 only.
+* **Statistics and fingerprints** are the recorder's (``workbench.recorder.kernels``); integer tensors
+  (position ids) are taken as float64.
+* **What a dump cannot show** goes into the manifest's ``imported.limits``: only the last micro-batch of each
+  iteration (the hooks overwrite), one data-parallel replica, no context-parallel coordinate, and only the
+  layers Megatron-LM hooks (linear layers and embeddings: not the norms, not the core attention).
+* **Untrusted files.** Each file is read with ``workbench.untrusted.load_torch_tensors``: tensors only; a
+  non-tensor argument that Megatron pickled into the dump is skipped (named in ``imported.skipped``), never
+  built.
+
+The import reads one file at a time and keeps only each site's statistics (13 numbers a step).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.errors import ImportFormatError
+from workbench.importers.table import write_unlogged_scalars
+from workbench.recorder.kernels import accumulate, new_accumulators
+from workbench.recorder.placement import Placement, activation_placement, whole
+from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id
+from workbench.statistics import PRECISION_LIMITS, assemble
+from workbench.store import layout
+from workbench.store.manifest import ParallelLayout, RunManifest, new_run_id, store_attributes
+from workbench.store.writer import SiteInfo, create_sites_group, create_store, set_status, write_site_rows
+from workbench.untrusted import SkippedObject, load_torch_tensors
+
+DUMP_KINDS: tuple[str, ...] = ("params", "activations", "dgrads", "wgrads")
+"""The dump folders, in the order an iteration's files are read (the parameters first: their dtype is the
+run's precision)."""
+_SITE_KIND = {"params": "param", "activations": "act", "dgrads": "act_grad", "wgrads": "grad"}
+_ITERATION = re.compile(r"^iter_(\d{7})$")
+_RANK_FILE = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\.pth$")
+_CHUNK = re.compile(r"^model_chunk(\d+)$")
+_LOCAL_LAYER = re.compile(r"(?:^|\.)decoder\.layers\.(\d+)(?=\.|/|$)")
+_LOCAL_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)(?=\.|/|$)")
+_KEY = re.compile(r"^(?P<module>[^/]+)/(?P<what>.+)$")
+
+_COLUMN_PARALLEL = ("linear_qkv", "linear_fc1", "output_layer", "word_embeddings")
+"""Modules whose weight rows and output features are split over TP ranks (their input is a replica)."""
+_ROW_PARALLEL = ("linear_proj", "linear_fc2")
+"""Modules whose weight columns and input features are split over TP ranks (their output is a replica)."""
+_BLOCK_OUTPUTS = {"linear_proj": "self_attention", "linear_fc2": "mlp"}
+"""A layer's linears whose output0 is what its attention block or MLP returns: the recorder's module site."""
+
+LIMITS: tuple[str, ...] = (
+    "the last micro-batch of each iteration only (Megatron-LM's hooks overwrite each micro-batch's tensors)",
+    "one data-parallel replica (the files of expert-data-parallel rank 0); the data-parallel size is unknown",
+    "no context-parallel coordinate",
+    "only the modules Megatron-LM hooks (linear layers, embeddings and routers): no norms, no core attention",
+    "dgrads are the gradients of data-parallel rank 0's share of the batch (not scaled by 1/dp)",
+)
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    """One rank's file of one dump kind at one iteration."""
+
+    kind: str
+    iteration: int
+    tp: int
+    pp: int
+    ep: int
+    path: Path
+
+    @property
+    def step(self) -> int:
+        """The step whose tensors it holds: params are the next step's start (see the module docstring)."""
+        return self.iteration if self.kind == "params" else self.iteration - 1
+
+
+@dataclass(frozen=True)
+class DumpLayout:
+    """The parallel split the files were written under, read off their names and contents."""
+
+    tp: int
+    pp: int
+    ep: int
+    layer_offsets: Mapping[tuple[int, int], int]
+    """(pipeline rank, model chunk) -> the global number of that chunk's first layer."""
+    experts_per_rank: int = 0
+    sequence_parallel: bool = False
+
+    @property
+    def vp(self) -> int | None:
+        chunks = {chunk for _, chunk in self.layer_offsets}
+        return len(chunks) if len(chunks) > 1 else None
+
+    def global_layers(self, pp: int, chunk: int, local: Iterable[int]) -> dict[int, int]:
+        offset = self.layer_offsets.get((pp, chunk), 0)
+        return {i: offset + i for i in local}
+
+
+@dataclass
+class _Accumulated:
+    """Each site's statistics and fingerprint lanes at each step, as the files are read."""
+
+    precision: str | None = None
+    sums: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    order: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    shape: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtype: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def find_dumps(save_dir: str | Path, *, ep: int | None = None) -> list[DumpFile]:
+    """Every dump file under ``save_dir`` (Megatron-LM's ``--save`` folder, or one of its dump folders), in
+    iteration order. A file name with one rank suffix is read as the pipeline rank unless ``ep`` > 1 says it is
+    the expert rank. ``ImportFormatError`` for a folder without dumps or an iteration that lacks a rank's file."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        raise ImportFormatError(f"{root}: not a folder (Megatron-LM's --save folder, which holds activations/, "
+                                "dgrads/, wgrads/ or params/)")
+    folders = [(kind, root / kind) for kind in DUMP_KINDS if (root / kind).is_dir()]
+    if not folders and root.name in DUMP_KINDS:
+        folders = [(root.name, root)]
+    files = [file for kind, folder in folders for file in _files_of(kind, folder, ep)]
+    if not files:
+        raise ImportFormatError(f"{root}: no Megatron-LM tensor dumps (expected {'/, '.join(DUMP_KINDS)}/ "
+                                "holding iter_NNNNNNN/mp_rank_NN.pth, from --save-*-interval)")
+    _check_complete(files)
+    return sorted(files, key=lambda f: (f.step, DUMP_KINDS.index(f.kind), f.pp, f.ep, f.tp))
+
+
+def _files_of(kind: str, folder: Path, ep: int | None) -> Iterator[DumpFile]:
+    for iteration_dir in sorted(folder.iterdir()):
+        match = _ITERATION.match(iteration_dir.name)
+        if not match or not iteration_dir.is_dir():
+            continue
+        for path in sorted(iteration_dir.iterdir()):
+            name = _RANK_FILE.match(path.name)
+            if name is None:
+                raise ImportFormatError(f"{path}: not a dump file of Megatron-LM's naming "
+                                        "(mp_rank_TT[_PPP][_EEE].pth)")
+            tp, first, second = int(name.group(1)), name.group(2), name.group(3)
+            if second is not None:
+                pp, expert = int(first), int(second)
+            elif first is not None and (ep or 1) > 1:
+                pp, expert = 0, int(first)
+            else:
+                pp, expert = int(first or 0), 0
+            yield DumpFile(kind, int(match.group(1)), tp, pp, expert, path)
+
+
+def _check_complete(files: list[DumpFile]) -> None:
+    """Every (kind, iteration) has the file of every rank the folder shows."""
+    ranks = {(f.tp, f.pp, f.ep) for f in files}
+    sizes = tuple(max(r[i] for r in ranks) + 1 for i in range(3))
+    expected = {(t, p, e) for t in range(sizes[0]) for p in range(sizes[1]) for e in range(sizes[2])}
+    by_dump: dict[tuple[str, int], set[tuple[int, int, int]]] = {}
+    for f in files:
+        by_dump.setdefault((f.kind, f.iteration), set()).add((f.tp, f.pp, f.ep))
+    for (kind, iteration), present in sorted(by_dump.items()):
+        missing = sorted(expected - present)
+        if missing:
+            t, p, e = missing[0]
+            raise ImportFormatError(f"{kind}/iter_{iteration:07d}: the file of TP rank {t}, PP rank {p}, EP rank "
+                                    f"{e} is missing ({len(missing)} of {len(expected)} files), so its tensors "
+                                    "cannot be joined; copy the dump again")
+
+
+def dump_layout(files: list[DumpFile], *, sequence_parallel: bool = False) -> DumpLayout:
+    """The layout of ``files``: sizes from the file names, the pipeline's layer split from the number of
+    layers each rank's chunks hold in the first iteration (Megatron's interleaved order where chunks are
+    several, which needs an even split)."""
+    first = min(f.iteration for f in files)
+    kind = next(k for k in DUMP_KINDS if any(f.kind == k for f in files))
+    counts: dict[tuple[int, int], int] = {}
+    experts = 0
+    for f in files:
+        if f.kind != kind or f.iteration != first or f.tp != 0 or f.ep != 0:
+            continue
+        for chunk, keys in _chunks(_load(f)[0], f.path):
+            layers = {int(m.group(1)) for key in keys for m in [_LOCAL_LAYER.search(key)] if m}
+            counts[(f.pp, chunk)] = max(layers) + 1 if layers else 0
+            local_experts = {int(m.group(1)) for key in keys for m in [_LOCAL_EXPERT.search(key)] if m}
+            experts = max(experts, max(local_experts) + 1 if local_experts else 0)
+    pp = max(f.pp for f in files) + 1
+    chunks = sorted({c for _, c in counts})
+    offsets: dict[tuple[int, int], int] = {}
+    if len(chunks) <= 1:
+        total = 0
+        for stage in range(pp):
+            offsets[(stage, 0)] = total
+            total += counts.get((stage, 0), 0)
+    else:
+        sizes = set(counts.values())
+        if len(sizes) != 1:
+            raise ImportFormatError(f"the virtual pipeline's chunks hold unequal numbers of layers "
+                                    f"({dict(sorted(counts.items()))}): the global layer numbers cannot be told "
+                                    "from the files")
+        per_chunk = sizes.pop()
+        offsets = {(stage, chunk): chunk * pp * per_chunk + stage * per_chunk for stage, chunk in counts}
+    return DumpLayout(tp=max(f.tp for f in files) + 1, pp=pp, ep=max(f.ep for f in files) + 1,
+                      layer_offsets=offsets, experts_per_rank=experts, sequence_parallel=sequence_parallel)
+
+
+def _load(f: DumpFile) -> tuple[Any, list[str]]:
+    return load_torch_tensors(f.path, damaged=ImportFormatError)
+
+
+def _chunks(content: Any, path: Path) -> list[tuple[int, Mapping[str, Any]]]:
+    """The model chunks of one file's dict, checked to be Megatron-LM's layout of keys."""
+    if not isinstance(content, Mapping) or not content:
+        raise ImportFormatError(f"{path}: not a Megatron-LM dump (a dict of model_chunkN -> tensors expected, "
+                                f"found {type(content).__name__})")
+    chunks = []
+    for key, value in content.items():
+        match = _CHUNK.match(str(key))
+        if match is None or not isinstance(value, Mapping):
+            raise ImportFormatError(f"{path}: not a Megatron-LM dump: its key {str(key)[:60]!r} is not "
+                                    "model_chunkN holding a dict of tensors")
+        chunks.append((int(match.group(1)), value))
+    return chunks
+
+
+# -- names and placements --------------------------------------------------------------------------------------
+
+
+def site_name(kind: str, key: str, global_layer: Mapping[int, int], first_expert: int = 0) -> str:
+    """The site of one dump entry (see the module docstring): ``kind`` a dump kind, ``key`` its key."""
+    site_kind = _SITE_KIND[kind]
+    if kind in ("params", "wgrads"):
+        return site_id(site_kind, canonical_name(key, global_layer, first_expert))
+    match = _KEY.match(key)
+    if match is None:
+        raise ImportFormatError(f"{key!r}: not a module's input, output or argument (MODULE/inputK, "
+                                "MODULE/outputK or MODULE/ARGUMENT)")
+    module, what = canonical_name(match.group("module"), global_layer, first_expert), match.group("what")
+    if what != "output0":
+        return site_id(site_kind, f"{module}/{what}")
+    parent, _, leaf = module.rpartition(".")
+    block = _BLOCK_OUTPUTS.get(leaf)
+    if block is not None and parent.endswith(f".{block}") and layer_of(parent) is not None \
+            and parent.count(".") == 2:
+        return site_id(site_kind, parent)
+    return site_id(site_kind, module)
+
+
+def _leaf_module(key: str) -> str:
+    """The module a parameter or an entry belongs to (its last module name)."""
+    module = key.split("/")[0]
+    parts = module.split(".")
+    return parts[-2] if "/" not in key and len(parts) > 1 else parts[-1]
+
+
+def placement(kind: str, key: str, shape: tuple[int, ...], *, tp_rank: int, dump: DumpLayout) -> Placement:
+    """Where one rank's tensor sits in the full tensor (the fingerprint's index), by the split rules of the
+    module docstring."""
+    tp, leaf = dump.tp, _leaf_module(key)
+    what = key.partition("/")[2]
+    if kind in ("params", "wgrads") or what in ("weight", "bias"):  # a parameter, or one passed as an argument
+        parameter = what or key.rsplit(".", 1)[-1]
+        dim = 0 if leaf in _COLUMN_PARALLEL and parameter in ("weight", "bias") else \
+            (len(shape) - 1 if leaf in _ROW_PARALLEL and parameter == "weight" else None)
+        return _split(shape, dim, tp_rank, tp)
+    if what == "output1":  # the bias a Megatron linear returns apart: a column-parallel one is split
+        return _split(shape, 0 if leaf in _COLUMN_PARALLEL else None, tp_rank, tp)
+    linear = leaf in _COLUMN_PARALLEL or leaf in _ROW_PARALLEL
+    if not linear or len(shape) < 2 or not what.startswith(("input", "output")):
+        return whole(shape, contributes=tp_rank == 0)
+    split_features = tp > 1 and ((leaf in _COLUMN_PARALLEL and what == "output0") or
+                                 (leaf in _ROW_PARALLEL and what == "input0"))
+    split_sequence = tp > 1 and dump.sequence_parallel and not split_features
+    return activation_placement(shape, sample_offset=0, global_batch=shape[1],
+                                feature_shard=(tp_rank, tp) if split_features else None, tp_rank=tp_rank,
+                                seq_shard=(tp_rank, tp) if split_sequence else None)
+
+
+def _split(shape: tuple[int, ...], dim: int | None, rank: int, size: int) -> Placement:
+    if dim is None or size == 1 or not shape:
+        return whole(shape, contributes=rank == 0)
+    full, offsets = list(shape), [0] * len(shape)
+    full[dim] *= size
+    offsets[dim] = rank * shape[dim]
+    return Placement(full_shape=tuple(full), dims=tuple(range(len(shape))), offsets=tuple(offsets))
+
+
+def _position(kind: str, name: str, index: int) -> tuple[int, int]:
+    """Where a site sits in its kind's execution order: by global layer (embedding before, final norm and
+    output layer after), then the order Megatron's hooks filled the file in; the backward runs the other way."""
+    layer = layer_of(name)
+    rank = layer if layer is not None else (-1 if name.startswith("embedding") else 1 << 30)
+    return (-rank, index) if kind == "act_grad" else (rank, index)
+
+
+# -- the import ---------------------------------------------------------------------------------------------------
+
+
+def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: str | None = None,
+                          ep: int | None = None, sequence_parallel: bool = False, precision: str | None = None,
+                          progress: Callable[[str], None] | None = None) -> Path:
+    """Write a run store from the Megatron-LM dumps under ``save_dir`` (see the module docstring); returns its
+    folder. ``precision`` (default: the parameters' or activations' dtype) sets the underflow and overflow
+    limits; ``progress`` is told about each iteration read (default: a line on stderr)."""
+    save_dir, run_dir = Path(save_dir), Path(run_dir)
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    files = find_dumps(save_dir, ep=ep)
+    dump = dump_layout(files, sequence_parallel=sequence_parallel)
+    found = _Accumulated(precision=precision)
+    start, total_bytes, iterations = time.perf_counter(), 0, sorted({f.iteration for f in files})
+    for i, iteration in enumerate(iterations):
+        batch = [f for f in files if f.iteration == iteration]
+        size = sum(f.path.stat().st_size for f in batch)
+        for f in batch:
+            _read(f, dump, found)
+        total_bytes += size
+        elapsed = time.perf_counter() - start
+        say(f"iter_{iteration:07d} ({i + 1}/{len(iterations)}): {len(batch)} files, {size / 1e6:.1f} MB; "
+            f"{total_bytes / 1e6 / max(elapsed, 1e-9):.0f} MB/s so far")
+    _write(run_dir, name or run_dir.name, save_dir, files, dump, found)
+    return run_dir
+
+
+def _read(f: DumpFile, dump: DumpLayout, found: _Accumulated) -> None:
+    content, skipped_classes = _load(f)
+    site_kind = _SITE_KIND[f.kind]
+    for chunk, entries in _chunks(content, f.path):
+        local = {int(m.group(1)) for key in entries for m in [_LOCAL_LAYER.search(str(key))] if m}
+        global_layer = dump.global_layers(f.pp, chunk, local)
+        for index, (key, value) in enumerate(entries.items()):
+            key = str(key)
+            expert = _LOCAL_EXPERT.search(key) is not None
+            if f.ep != 0 and not expert:
+                continue  # another data replica (activations) or a duplicate (wgrads): EP rank 0's counts
+            if not isinstance(value, torch.Tensor):
+                if value is not None:
+                    what = value.asked_for if isinstance(value, SkippedObject) else type(value).__name__
+                    found.skipped.setdefault(f"{f.kind}: {key}", what)
+                continue
+            site = site_name(f.kind, key, global_layer, f.ep * dump.experts_per_rank)
+            _accumulate(found, f, dump, site, site_kind, key, value, index)
+    del content, skipped_classes
+
+
+def _accumulate(found: _Accumulated, f: DumpFile, dump: DumpLayout, site: str, site_kind: str, key: str,
+                value: torch.Tensor, index: int) -> None:
+    if found.precision is None and value.is_floating_point() and f.kind in ("params", "activations"):
+        found.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(value.dtype, "fp32")
+    shape = tuple(value.shape)
+    where = placement(f.kind, key, shape, tp_rank=f.tp, dump=dump)
+    if site not in found.order:
+        name = site.partition(":")[2]
+        found.order[site] = (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp)
+        found.shape[site], found.dtype[site] = where.full_shape, str(value.dtype).removeprefix("torch.")
+    if not where.contributes:
+        return
+    x = value if value.is_floating_point() and value.element_size() in (2, 4, 8) else value.double()
+    acc, lanes = found.sums.get((f.step, site)) or new_accumulators(torch.device("cpu"))
+    found.sums[(f.step, site)] = (acc, lanes)
+    tiny, largest = PRECISION_LIMITS[found.precision or "fp32"]
+    accumulate(x, where.coords(torch.device("cpu")), tiny, largest, acc, lanes)
+
+
+def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:
+    kind, _, name = site.partition(":")
+    layer = layer_of(name)
+    return SiteInfo(site=site, kind=kind, name=name, layer=-1 if layer is None else layer, order=order,
+                    shape="x".join(map(str, found.shape[site])), dtype=found.dtype[site],
+                    numel=int(np.prod(found.shape[site], dtype=np.int64)))
+
+
+def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump: DumpLayout,
+           found: _Accumulated) -> None:
+    if not found.order:
+        raise ImportFormatError(f"{save_dir}: the dumps hold no tensors")
+    sites = sorted(found.order, key=lambda s: (found.order[s], s))
+    steps = sorted({step for step, _ in found.sums})
+    info = RunManifest(run_id=new_run_id(name), name=name, producer="import: megatron-lm dumps",
+                       layout=ParallelLayout(tp=dump.tp, pp=dump.pp, vp=dump.vp, ep=dump.ep,
+                                             sp=dump.sequence_parallel),
+                       precision=found.precision)
+    kinds = {kind: sorted({f.iteration for f in files if f.kind == kind}) for kind in DUMP_KINDS}
+    create_store(run_dir, store_attributes(info, status=layout.Status.CREATED, imported={
+        "format": "megatron-lm tensor dumps", "files": len(files), "save_dir": str(save_dir),
+        "iterations": {kind: its for kind, its in kinds.items() if its},
+        "steps": "activations, dgrads and wgrads of iter_N at step N-1; params of iter_N at step N",
+        "limits": list(LIMITS), "skipped": dict(sorted(found.skipped.items()))}), steps[-1] + 1)
+    infos = [_site_info(site, i, found) for i, site in enumerate(sites)]
+    create_sites_group(run_dir, steps, infos)
+    column = {site: j for j, site in enumerate(sites)}
+    for first in range(0, len(steps), layout.SITE_STEP_CHUNK):
+        block = steps[first:first + layout.SITE_STEP_CHUNK]
+        sums = np.zeros((len(block), len(sites), 8))
+        maxes = np.full((len(block), len(sites), 3), -np.inf)
+        lanes = np.zeros((len(block), len(sites), 2), dtype=np.int64)
+        for row, step in enumerate(block):
+            for site, j in column.items():
+                entry = found.sums.get((step, site))
+                if entry is not None:
+                    acc, lane = entry
+                    sums[row, j], maxes[row, j], lanes[row, j] = acc[:8].numpy(), acc[8:].numpy(), lane.numpy()
+        lane_values = lanes.astype(np.uint64) & np.uint64(0xFFFFFFFF)
+        write_site_rows(run_dir, first, assemble(sums, maxes),
+                        (lane_values[..., 1] << np.uint64(32)) | lane_values[..., 0])
+    write_unlogged_scalars(run_dir, steps[-1] + 1)
+    set_status(run_dir, layout.Status.COMPLETE)
