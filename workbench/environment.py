@@ -14,6 +14,12 @@ ranks per host. On a GPU also the GPU model, the driver and CUDA versions, the t
 ``nvidia-smi topo -m`` prints it, and the container image where the container says (NVIDIA's set
 ``NVIDIA_PYTORCH_VERSION``). Collecting costs one ``nvidia-smi`` call on a GPU, nothing measurable on a CPU.
 
+Where megatron-core ships Megatron-LM's ``megatron/training/determinism.py`` (0.19+), the facts also hold
+whether the environment passes its ``--deterministic-mode`` checks (``NCCL_ALGO`` without ``Tree``,
+``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``, a deterministic ``CUBLAS_WORKSPACE_CONFIG``, ``MAMBA_DETERMINISTIC``;
+cross-entropy fusion and TP communication overlap off), each failing variable named
+(``megatron_determinism``), run with Megatron's own code on a copy of the environment.
+
 ``difference`` is pure (no torch): any two mappings of these facts, from any producer; a fact one run
 did not record is named as unknown, never as equal.
 """
@@ -66,15 +72,20 @@ DETERMINISM_VARIABLES = (
 
 ENV_KEY = "env"
 """The key in ``runtime`` of the determinism variables that were set (name -> value)."""
+MEGATRON_KEY = "megatron_determinism"
+"""The key in ``runtime`` of the verdict of Megatron-LM's own determinism checks (``megatron_determinism``)."""
+MEGATRON_LABEL = "Megatron-LM's determinism checks"
 
 _PACKAGES = {"torch": "torch", "megatron_core": "megatron-core", "transformer_engine": "transformer-engine"}
 
 
 def collect(*, device: str = "cpu", world_size: int | None = None, ranks_per_host: int | None = None,
-            topology: bool = True) -> dict[str, Any]:
+            topology: bool = True, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The facts of this process and machine (see the module docstring). ``device``: ``cpu`` or
     ``cuda[:N]``; ``world_size`` and ``ranks_per_host`` default to ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``
-    (one process: 1); ``topology``: ask ``nvidia-smi`` on a GPU."""
+    (one process: 1); ``topology``: ask ``nvidia-smi`` on a GPU; ``settings``: the run's options Megatron-LM's
+    deterministic mode requires values of (``cross_entropy_loss_fusion``, ``tp_comm_overlap``: a
+    ``TransformerConfig`` has both), where known."""
     import torch
 
     facts: dict[str, Any] = {
@@ -87,6 +98,9 @@ def collect(*, device: str = "cpu", world_size: int | None = None, ranks_per_hos
         **{key: _version(name) for key, name in _PACKAGES.items()},
         ENV_KEY: {name: os.environ[name] for name in DETERMINISM_VARIABLES if name in os.environ},
     }
+    verdict = megatron_determinism(os.environ, settings)
+    if verdict is not None:
+        facts[MEGATRON_KEY] = verdict
     container = os.environ.get("NVIDIA_PYTORCH_VERSION") or os.environ.get("CONTAINER_IMAGE")
     if container:
         facts["container"] = container
@@ -97,6 +111,74 @@ def collect(*, device: str = "cpu", world_size: int | None = None, ranks_per_hos
         facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         facts.update(_nvidia_smi(topology))
     return facts
+
+
+def megatron_determinism(env: Mapping[str, str], settings: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Whether ``env`` (and ``settings``) pass the checks of Megatron-LM's ``--deterministic-mode``
+    (``megatron/training/determinism.py``, megatron-core 0.19+): ``{"passes": bool, "failing": [...]}``, each
+    failing variable or option named with Megatron's own reason (``"NCCL_ALGO='Tree': each token must be in
+    [...]"``). Megatron's checks assert and set defaults, so they run on a copy, one variable at a time (each
+    failure is named, not only the first). None where the installed megatron-core has no such checks."""
+    checks = _megatron_checks()
+    if checks is None:
+        return None
+    failing = []
+    accepted = getattr(checks, "ACCEPTED_ENV_VAR_VALUES", {})
+    for name in ("NCCL_ALGO", *accepted, "MAMBA_DETERMINISTIC"):
+        if name not in env:
+            continue
+        try:
+            checks.apply_determinism_env({name: env[name]})
+        except AssertionError as err:
+            stated = f"{name}={env[name]!r}"
+            reason = str(err).strip().removeprefix(stated).lstrip(": ").rstrip(".")
+            failing.append(f"{stated}: {reason}")
+    for name, required in getattr(checks, "ARG_VALUES_REQUIRED_FOR_DETERMINISM", {}).items():
+        if settings is not None and name in settings and settings[name] != required:
+            failing.append(f"{name}={settings[name]!r}: --deterministic-mode requires {required!r}")
+    return {"passes": not failing, "failing": failing}
+
+
+MEGATRON_SETTINGS = ("cross_entropy_loss_fusion", "tp_comm_overlap")
+"""The options Megatron-LM's deterministic mode requires values of, as a ``TransformerConfig`` names them."""
+
+
+def megatron_settings(config: Any) -> dict[str, Any]:
+    """The ``MEGATRON_SETTINGS`` a model's config has (a ``TransformerConfig``; None: none)."""
+    return {name: getattr(config, name) for name in MEGATRON_SETTINGS if hasattr(config, name)}
+
+
+def megatron_verdict(facts: Mapping[str, Any]) -> str | None:
+    """Megatron-LM's determinism checks in words, from a run's ``runtime``: ``"pass"``, ``"fail
+    (NCCL_ALGO='Tree')"``; None where they were not run."""
+    verdict = facts.get(MEGATRON_KEY)
+    if not isinstance(verdict, Mapping):
+        return None
+    failing = [str(f).split(": ", 1)[0] for f in verdict.get("failing") or []]
+    return "pass" if verdict.get("passes") and not failing else f"fail ({', '.join(failing) or '?'})"
+
+
+def _megatron_checks() -> Any:
+    """Megatron-LM's ``determinism`` module, loaded from its file alone (importing ``megatron.training`` would
+    import the whole training package), or None."""
+    import importlib.util
+
+    try:
+        core = importlib.util.find_spec("megatron.core")
+    except (ImportError, ValueError):
+        return None
+    if core is None or not core.origin:
+        return None
+    path = Path(core.origin).parent.parent / "training" / "determinism.py"
+    spec = importlib.util.spec_from_file_location("_workbench_megatron_determinism", path)
+    if not path.is_file() or spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception:  # another release's file that does not load alone: not checked
+        return None
+    return module if callable(getattr(module, "apply_determinism_env", None)) else None
 
 
 def _cpu_model() -> str:
@@ -213,6 +295,11 @@ def difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> Envi
             unknown.append(label)
         elif a[key] != b[key]:
             found.append(FactDifference(key, label, a[key], b[key]))
+    verdicts = megatron_verdict(a), megatron_verdict(b)
+    if (verdicts[0] is None) != (verdicts[1] is None):
+        unknown.append(MEGATRON_LABEL)
+    elif verdicts[0] != verdicts[1]:
+        found.append(FactDifference(MEGATRON_KEY, MEGATRON_LABEL, *verdicts))
     env_a, env_b = a.get(ENV_KEY), b.get(ENV_KEY)
     if isinstance(env_a, Mapping) and isinstance(env_b, Mapping):
         for name in sorted(set(env_a) | set(env_b)):

@@ -55,6 +55,8 @@ def test_an_import_has_the_recorders_site_names_and_says_what_a_dump_cannot_show
             "act:layers.0.self_attention.linear_qkv", "act:layers.0.self_attention.linear_qkv/input0",
             "act_grad:layers.1.mlp", "act_grad:layers.0.mlp.linear_fc1/input0"} <= sites
     assert not any("decoder." in s or "model_chunk" in s for s in sites)
+    checks = open_run(dumps / "tp2").manifest.runtime["megatron_determinism"]  # the recorded run: 0.19's checks
+    assert isinstance(checks["passes"], bool) and isinstance(checks["failing"], list)
     order = list(records.sites)  # a module's input before its output, in the forward; the reverse in the backward
     assert order.index("act:layers.0.mlp.linear_fc1/input0") < order.index("act:layers.0.mlp.linear_fc1") < \
         order.index("act:layers.1.self_attention.linear_qkv/input0")

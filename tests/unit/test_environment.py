@@ -106,3 +106,29 @@ def test_runs_whose_reductions_split_differently_are_not_repeats() -> None:
     assert repeat_key(one) != repeat_key(two) and repeat_key(one) == repeat_key(again)
     roles = find_roles({"one": one, "two": two, "again": again}, ["one", "two", "again"])
     assert roles.repeat_groups == [["again", "one"]]
+
+
+def test_megatron_lms_determinism_checks_name_every_failing_variable() -> None:
+    from workbench.environment import _megatron_checks, megatron_determinism
+
+    if _megatron_checks() is None:
+        pytest.skip("this megatron-core has no megatron/training/determinism.py (0.19+)")
+    env = {"NCCL_ALGO": "Tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "1"}
+    verdict = megatron_determinism(env, {"cross_entropy_loss_fusion": True, "tp_comm_overlap": False})
+    assert verdict is not None and verdict["passes"] is False
+    assert [f.split(": ")[0] for f in verdict["failing"]] == [
+        "NCCL_ALGO='Tree'", "NVTE_ALLOW_NONDETERMINISTIC_ALGO='1'", "cross_entropy_loss_fusion=True"]
+    assert env == {"NCCL_ALGO": "Tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+                   "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "1"}  # run on a copy: no default was set
+    assert megatron_determinism({"NCCL_ALGO": "Ring,CollnetDirect"}) == {"passes": True, "failing": []}
+
+
+def test_a_difference_in_megatron_lms_determinism_checks_is_printed() -> None:
+    passes = {"cpu_isa": "avx2", "megatron_determinism": {"passes": True, "failing": []}}
+    fails = {"cpu_isa": "avx2", "megatron_determinism": {
+        "passes": False, "failing": ["NCCL_ALGO='Tree': each token must be in [...]"]}}
+    found = difference(passes, fails)
+    assert found.summary() == "the runs differ in: Megatron-LM's determinism checks pass vs fail (NCCL_ALGO='Tree')"
+    assert found.bitwise_expected  # a check's verdict, not a fact that splits a reduction differently
+    assert difference(fails, fails).identical
+    assert "Megatron-LM's determinism checks" in difference(passes, {"cpu_isa": "avx2"}).unknown

@@ -196,7 +196,9 @@ class TrainingRun:
                              "backend": dist.get_backend() if dist.is_initialized() else None,
                              "cuda": torch.version.cuda,
                              **(environment.collect(device=str(device), world_size=dist.get_world_size()
-                                                    if dist.is_initialized() else 1) if self._rank == 0 else {})}
+                                                    if dist.is_initialized() else 1,
+                                                    settings=environment.megatron_settings(config))
+                                if self._rank == 0 else {})}
             self._scalars: ScalarWriter | None = None
             if self._rank == 0:
                 self._create_store(user_config)
