@@ -166,3 +166,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
                 "missing rank": "is missing", "not a folder": "not a folder"}[damage]
     assert expected in line, line
     assert not (tmp_path / "run").exists()
+
+
+def test_ep_files_give_each_rank_its_own_experts_and_the_dense_tensors_once(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(1)
+    experts = [torch.randn(FFN, HIDDEN, generator=generator) for _ in range(4)]
+    router, dense_in = torch.randn(4, HIDDEN, generator=generator), torch.randn(SEQ, BATCH, HIDDEN, generator=generator)
+    folder = tmp_path / "save" / "params" / "iter_0000001"
+    acts = tmp_path / "save" / "activations" / "iter_0000001"
+    folder.mkdir(parents=True)
+    acts.mkdir(parents=True)
+    mlp = "decoder.layers.0.mlp"
+    for ep in range(2):  # two local experts per EP rank; the router is a replica on each
+        params = {f"{mlp}.router.weight": router.clone(),
+                  **{f"{mlp}.experts.local_experts.{k}.linear_fc1.weight": experts[2 * ep + k].clone() for k in (0, 1)}}
+        torch.save({"model_chunk0": params}, folder / f"mp_rank_00_{ep:03d}.pth")
+        other_replica = dense_in + ep  # EP rank 1 holds another data replica's activations
+        torch.save({"model_chunk0": {f"{mlp}.router/input0": other_replica}}, acts / f"mp_rank_00_{ep:03d}.pth")
+    run = open_run(import_megatron_dumps(tmp_path / "save", tmp_path / "run", ep=2, progress=_quiet))
+    records = run.records()
+    assert run.manifest.layout.ep == 2
+    for e in range(4):
+        assert int(records.fingerprints.at[1, f"param:layers.0.mlp.experts.{e}.linear_fc1.weight"]) == \
+            fingerprint_reference(experts[e].numpy())
+    assert int(records.fingerprints.at[1, "param:layers.0.mlp.router.weight"]) == fingerprint_reference(router.numpy())
+    assert int(records.fingerprints.at[0, "act:layers.0.mlp.router/input0"]) == \
+        fingerprint_reference(dense_in.numpy())  # EP rank 0's replica only (the router is not a linear: as dumped)
