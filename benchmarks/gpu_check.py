@@ -19,7 +19,10 @@ sites recorded on every second step, and prints:
   that source alone on against one with every source off, as a table (first divergent step and
   site, final relative difference, and the tokens/s that making the source deterministic costs,
   with its bootstrap interval). A source the machine cannot switch (Transformer Engine absent;
-  the all-reduce's association on fewer than three GPUs) is listed with the reason.
+  the all-reduce's association on fewer than three GPUs) is listed with the reason;
+* Megatron-LM's own ``pretrain()`` (megatron-core 0.19+) recorded twice by the launcher
+  (``torchrun -m workbench.megatron_lm tests/integration/pretrain_gpt.py ... --workbench-run DIR``, NCCL,
+  DP=N, ``--deterministic-mode``): whether the two are bitwise identical, and the step time.
 """
 
 from __future__ import annotations
@@ -116,6 +119,44 @@ def main() -> None:
     print(f"deterministic / default step time: {det / default:.3f} (recorder excluded)")
     pass_bandwidth()
     per_source(base, out / "sources")
+    megatron_pretrain(out / "pretrain", gpus, args.steps)
+
+
+def megatron_pretrain(out: Path, gpus: int, steps: int) -> None:
+    """Megatron-LM's pretrain() under the workbench's launcher, twice, deterministic: the first difference."""
+    import os
+    import subprocess
+    import sys
+
+    from workbench.store.reader import open_run
+
+    try:
+        import megatron.training.determinism  # noqa: F401  (the entry script is 0.19's pretrain_gpt.py)
+    except ImportError:
+        print("pretrain(): skipped (megatron-core before 0.19)")
+        return
+    entry = Path(__file__).resolve().parents[1] / "tests" / "integration" / "pretrain_gpt.py"
+    arguments = (f"--tensor-model-parallel-size 1 --num-layers 8 --hidden-size 1024 --num-attention-heads 16 "
+                 f"--seq-length 512 --max-position-embeddings 512 --tokenizer-type NullTokenizer --vocab-size 32768 "
+                 f"--mock-data --split 99,1,0 --micro-batch-size 4 --global-batch-size {16 * gpus} "
+                 f"--train-iters {steps} --lr 1e-4 --lr-decay-style constant --bf16 --eval-iters 0 "
+                 f"--eval-interval 100000 --log-interval 10 --seed 1234 --deterministic-mode "
+                 "--transformer-impl local --no-gradient-accumulation-fusion --attention-dropout 0.0 "
+                 "--hidden-dropout 0.0").split()
+    runs = []
+    for name in ("det-a", "det-b"):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
+                   "-m", "workbench.megatron_lm", str(entry), *arguments, "--data-cache-path", str(out / "cache"),
+                   "--workbench-run", str(out / name)]
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ,
+                                                                             "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+        if result.returncode != 0:
+            print(f"pretrain() {name}: failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
+            return
+        runs.append(open_run(out / name))
+        step = float(runs[-1].scalars["step_time"].iloc[2:].median())
+        print(f"pretrain() {name}: {runs[-1].steps_completed} steps, median step {step:.4f} s (recorded)")
+    print("pretrain() deterministic pair, first difference:", first_difference(*runs))
 
 
 def per_source(base, out: Path) -> None:  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "recorder": {"foundation", "store", "analysis"},
     "runner": {"foundation", "store", "analysis", "recorder"},
     "investigate": {"foundation", "store", "analysis", "figures", "runner"},
-    "megatron_lm": {"foundation", "store", "analysis", "importers", "recorder"},
+    "megatron_lm": {"foundation", "store", "analysis", "importers", "recorder", "runner"},
 }
 """The layers each layer may import (its own always); the command line and the package's
 ``__init__`` may import any."""

@@ -158,7 +158,7 @@ class TrainingRun:
                  deterministic: bool | None = None, record: RecordConfig | None = None,
                  sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0,
                  against: str | os.PathLike[str] | None = None, rtol: float | None = None,
-                 keep_going: bool = False) -> None:
+                 keep_going: bool = False, producer: str = USER_LOOP) -> None:
         check_megatron_core()
         if not isinstance(steps, int) or steps < 1:
             raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
@@ -184,7 +184,7 @@ class TrainingRun:
             if deterministic is not None:
                 switches["deterministic"] = deterministic
             name = name or self.run_dir.name
-            self.manifest = RunManifest(run_id=new_run_id(name), name=name, producer=USER_LOOP,
+            self.manifest = RunManifest(run_id=new_run_id(name), name=name, producer=producer,
                                     model=signature, layout=live_layout(config), precision=precision,
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
                                     user_config=dict(user_config) if user_config is not None else None)

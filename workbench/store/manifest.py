@@ -44,6 +44,8 @@ RUNNER = "workbench runner"
 """``producer`` of stores the workbench's own runner trains."""
 USER_LOOP = "user loop"
 """``producer`` of stores a researcher's own training loop records (``workbench.recorder.record``)."""
+MEGATRON_LM_PRETRAIN = "megatron-lm pretrain()"
+"""``producer`` of stores of Megatron-LM's own loop, recorded by ``python -m workbench.megatron_lm``."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,77 @@
+"""Megatron-LM's own ``pretrain()`` recorded without editing it: ``torchrun -m workbench.megatron_lm
+pretrain_gpt.py ARGS --workbench-run DIR`` on the CPU (gloo, mock data, the patches of
+``workbench.megatron_lm.cpu``), at TP=2: two runs are bitwise identical, a one-bit change is found at its step
+and module, and the store holds every site kind and the scalars ``train_step`` returns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.training.determinism", reason="the test's entry script is 0.19's pretrain_gpt.py")
+
+from workbench.analysis.compare import compare  # noqa: E402
+from workbench.store.manifest import MEGATRON_LM_PRETRAIN  # noqa: E402
+from workbench.store.reader import open_run  # noqa: E402
+
+ENTRY = Path(__file__).with_name("pretrain_gpt.py")
+ARGS = ("--distributed-backend gloo --tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 "
+        "--ffn-hidden-size 256 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+        "--tokenizer-type NullTokenizer --vocab-size 128 --make-vocab-size-divisible-by 64 --mock-data "
+        "--split 99,1,0 --micro-batch-size 2 --global-batch-size 4 --train-iters 4 --lr 1e-3 --min-lr 1e-4 "
+        "--lr-decay-style constant --clip-grad 0.0 --eval-iters 0 --eval-interval 1000 --log-interval 1 "
+        "--seed 1234 --transformer-impl local --use-cpu-initialization --no-gradient-accumulation-fusion "
+        "--no-bias-gelu-fusion --no-bias-dropout-fusion --no-masked-softmax-fusion --no-persist-layer-norm "
+        "--no-rope-fusion --attention-dropout 0.0 --hidden-dropout 0.0").split()
+
+
+def _pretrain(root: Path, name: str, flip: str | None = None) -> Path:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if flip:
+        env["WORKBENCH_TEST_FLIP"] = flip
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "workbench.megatron_lm", str(ENTRY), *ARGS, "--data-cache-path",
+                             str(root / "cache" / name), "--workbench-run", str(root / name)],
+                            capture_output=True, text=True, timeout=900, env=env, cwd=root)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    return root / name
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pretrain")
+    _pretrain(root, "a")
+    _pretrain(root, "b")
+    _pretrain(root, "flip", flip="2:decoder.layers.1.mlp")
+    return root
+
+
+def test_pretrain_is_recorded_with_every_site_kind_and_its_scalars(pretrained: Path) -> None:
+    run = open_run(pretrained / "a")
+    assert run.status == "complete" and run.steps_completed == 4
+    assert run.manifest.producer == MEGATRON_LM_PRETRAIN and run.manifest.layout.tp == 2
+    assert run.manifest.user_config is not None and run.manifest.user_config["train_iters"] == 4
+    kinds = {site.partition(":")[0] for site in run.records().sites}
+    assert {"param", "act", "act_grad", "grad", "loss", "exp_avg", "exp_avg_sq", "update"} <= kinds
+    scalars = run.scalars
+    assert scalars["loss"].notna().all() and scalars["grad_norm"].notna().all()
+    assert (scalars["lr"] == 1e-3).all() and (scalars["loss_scale"] == 1.0).all()
+
+
+def test_two_pretrain_runs_are_bitwise_identical(pretrained: Path) -> None:
+    assert compare(open_run(pretrained / "a").records(), open_run(pretrained / "b").records()).identical
+
+
+def test_a_one_bit_change_in_pretrain_is_found_at_its_step_and_layer(pretrained: Path) -> None:
+    result = compare(open_run(pretrained / "a").records(), open_run(pretrained / "flip").records())
+    assert (result.first_step, result.first_site) == (2, "act:layers.1.mlp")
+
+
+def test_the_launcher_refuses_a_call_without_its_run_folder(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "workbench.megatron_lm", str(ENTRY), "--num-layers", "2"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--workbench-run" in result.stderr and "Traceback" not in result.stderr
