@@ -192,3 +192,43 @@ def test_ep_files_give_each_rank_its_own_experts_and_the_dense_tensors_once(tmp_
     assert int(records.fingerprints.at[1, "param:layers.0.mlp.router.weight"]) == fingerprint_reference(router.numpy())
     assert int(records.fingerprints.at[0, "act:layers.0.mlp.router/input0"]) == \
         fingerprint_reference(dense_in.numpy())  # EP rank 0's replica only (the router is not a linear: as dumped)
+
+
+def _tokens_per_expert(save: Path, counts: dict[int, list[list[list[int]]]]) -> Path:
+    """``tokens_per_expert/rank{R}.jsonl``: for each rank, per iteration, [micro-batch][local expert] counts."""
+    import json
+
+    folder = save / "tokens_per_expert"
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, per_iteration in counts.items():
+        lines = [json.dumps({"iter": i + 1, "block": "decoder", "layer": 1, "tpe": tpe})
+                 for i, tpe in enumerate(per_iteration)]
+        (folder / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return save
+
+
+def test_tokens_per_expert_logs_come_in_as_the_recorders_moe_site(tmp_path: Path) -> None:
+    ranks = {0: [[[5, 3], [4, 4]], [[6, 2], [1, 7]]], 1: [[[2, 6], [3, 5]], [[8, 0], [4, 4]]]}  # EP=2, 2 local
+    run = open_run(import_megatron_dumps(_tokens_per_expert(tmp_path / "a", ranks), tmp_path / "ra", ep=2,
+                                         progress=_quiet))
+    records = run.records()
+    site = "act:layers.1.mlp.tokens_per_expert"
+    assert records.steps == [0, 1] and list(records.sites) == [site]
+    for step in (0, 1):  # the recorder's tensor: float32 [micro-batches, experts], EP rank 1's experts after 0's
+        full = np.concatenate([np.array(ranks[0][step]), np.array(ranks[1][step])], axis=1).astype(np.float32)
+        assert int(records.fingerprints.at[step, site]) == fingerprint_reference(full)
+    changed = {**ranks, 1: [ranks[1][0], [[8, 0], [5, 3]]]}
+    other = import_megatron_dumps(_tokens_per_expert(tmp_path / "b", changed), tmp_path / "rb", ep=2, progress=_quiet)
+    from workbench.analysis.compare import compare
+
+    result = compare(records, open_run(other).records())
+    assert (result.first_step, result.first_site) == (1, site)
+
+
+def test_a_bad_tokens_per_expert_line_is_one_line_and_exit_2(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    save = _tokens_per_expert(tmp_path / "save", {0: [[[1, 2]]]})
+    with (save / "tokens_per_expert" / "rank0.jsonl").open("a") as log:
+        log.write('{"iter": 2, "block": "decoder", "layer": 1, "tpe": [[1, -2]]}\n')
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    assert "rank0.jsonl:2: not a tokens-per-expert record" in line

@@ -35,6 +35,12 @@ Megatron-LM (``megatron.training``, megatron-core 0.17+) writes, every N iterati
   the other activations along the sequence); anything else is a replica that TP rank 0 counts. With EP > 1,
   Megatron writes one file per EP rank: the experts' tensors are each rank's own, while the dense modules'
   are other data replicas (and non-expert wgrads are duplicated), so those are read from EP rank 0 only.
+* **Tokens per expert** (``--save-tokens-per-expert-interval``: ``{save}/tokens_per_expert/rank{R}.jsonl``,
+  one line per layer and iteration with each micro-batch's counts for the rank's local experts) come in as the
+  recorder's MoE site ``act:layers.L.mlp.tokens_per_expert`` [micro-batches, experts], float32 as the
+  recorder counts, at step ``iter`` - 1: ranks are placed in Megatron's default order (TP fastest, then EP,
+  DP, PP), TP rank 0 of data-parallel replica 0 is read, each EP rank's experts at their global columns.
+  Megatron's router traces (``--moe-routing-trace-path``) are not read.
 * **Statistics and fingerprints** are the recorder's (``workbench.recorder.kernels``); integer tensors
   (position ids) are taken as float64.
 * **What a dump cannot show** goes into the manifest's ``imported.limits``: only the last micro-batch of each
@@ -149,7 +155,7 @@ class _Accumulated:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def find_dumps(save_dir: str | Path, *, ep: int | None = None) -> list[DumpFile]:
+def find_dumps(save_dir: str | Path, *, ep: int | None = None, required: bool = True) -> list[DumpFile]:
     """Every dump file under ``save_dir`` (Megatron-LM's ``--save`` folder, or one of its dump folders), in
     iteration order. A file name with one rank suffix is read as the pipeline rank unless ``ep`` > 1 says it is
     the expert rank. ``ImportFormatError`` for a folder without dumps or an iteration that lacks a rank's file."""
@@ -161,6 +167,8 @@ def find_dumps(save_dir: str | Path, *, ep: int | None = None) -> list[DumpFile]
     if not folders and root.name in DUMP_KINDS:
         folders = [(root.name, root)]
     files = [file for kind, folder in folders for file in _files_of(kind, folder, ep)]
+    if not files and not required:
+        return []
     if not files:
         raise ImportFormatError(f"{root}: no Megatron-LM tensor dumps (expected {'/, '.join(DUMP_KINDS)}/ "
                                 "holding iter_NNNNNNN/mp_rank_NN.pth, from --save-*-interval)")
@@ -209,6 +217,8 @@ def dump_layout(files: list[DumpFile], *, sequence_parallel: bool = False) -> Du
     """The layout of ``files``: sizes from the file names, the pipeline's layer split from the number of
     layers each rank's chunks hold in the first iteration (Megatron's interleaved order where chunks are
     several, which needs an even split)."""
+    if not files:  # tokens-per-expert logs alone
+        return DumpLayout(tp=1, pp=1, ep=1, layer_offsets={(0, 0): 0}, sequence_parallel=sequence_parallel)
     first = min(f.iteration for f in files)
     kind = next(k for k in DUMP_KINDS if any(f.kind == k for f in files))
     counts: dict[tuple[int, int], int] = {}
@@ -341,8 +351,11 @@ def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: st
     limits; ``progress`` is told about each iteration read (default: a line on stderr)."""
     save_dir, run_dir = Path(save_dir), Path(run_dir)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    files = find_dumps(save_dir, ep=ep)
+    tokens = tokens_per_expert_files(save_dir) if save_dir.is_dir() else {}
+    files = find_dumps(save_dir, ep=ep, required=not tokens)
     dump = dump_layout(files, sequence_parallel=sequence_parallel)
+    if not files and ep:
+        dump = DumpLayout(tp=1, pp=1, ep=ep, layer_offsets={(0, 0): 0}, sequence_parallel=sequence_parallel)
     found = _Accumulated(precision=precision)
     start, total_bytes, iterations = time.perf_counter(), 0, sorted({f.iteration for f in files})
     for i, iteration in enumerate(iterations):
@@ -354,7 +367,10 @@ def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: st
         elapsed = time.perf_counter() - start
         say(f"iter_{iteration:07d} ({i + 1}/{len(iterations)}): {len(batch)} files, {size / 1e6:.1f} MB; "
             f"{total_bytes / 1e6 / max(elapsed, 1e-9):.0f} MB/s so far")
-    _write(run_dir, name or run_dir.name, save_dir, files, dump, found)
+    if tokens:
+        size = _read_tokens_per_expert(tokens, dump, found)
+        say(f"tokens_per_expert: {len(tokens)} rank logs, {size / 1e6:.1f} MB")
+    _write(run_dir, name or run_dir.name, save_dir, files, dump, found, tokens=len(tokens))
     return run_dir
 
 
@@ -383,19 +399,95 @@ def _accumulate(found: _Accumulated, f: DumpFile, dump: DumpLayout, site: str, s
                 value: torch.Tensor, index: int) -> None:
     if found.precision is None and value.is_floating_point() and f.kind in ("params", "activations"):
         found.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(value.dtype, "fp32")
-    shape = tuple(value.shape)
-    where = placement(f.kind, key, shape, tp_rank=f.tp, dump=dump)
+    where = placement(f.kind, key, tuple(value.shape), tp_rank=f.tp, dump=dump)
+    name = site.partition(":")[2]
+    _add(found, f.step, site, value, where, (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp))
+
+
+def _add(found: _Accumulated, step: int, site: str, value: torch.Tensor, where: Placement,
+         order: tuple[int, int, int, int]) -> None:
+    """One piece of a site's tensor at a step, into its accumulators (a replica that does not count: only its
+    shape)."""
     if site not in found.order:
-        name = site.partition(":")[2]
-        found.order[site] = (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp)
+        found.order[site] = order
         found.shape[site], found.dtype[site] = where.full_shape, str(value.dtype).removeprefix("torch.")
     if not where.contributes:
         return
     x = value if value.is_floating_point() and value.element_size() in (2, 4, 8) else value.double()
-    acc, lanes = found.sums.get((f.step, site)) or new_accumulators(torch.device("cpu"))
-    found.sums[(f.step, site)] = (acc, lanes)
+    acc, lanes = found.sums.get((step, site)) or new_accumulators(torch.device("cpu"))
+    found.sums[(step, site)] = (acc, lanes)
     tiny, largest = PRECISION_LIMITS[found.precision or "fp32"]
     accumulate(x, where.coords(torch.device("cpu")), tiny, largest, acc, lanes)
+
+
+# -- tokens per expert ------------------------------------------------------------------------------------------
+
+_TPE_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+
+
+def tokens_per_expert_files(save_dir: Path) -> dict[int, Path]:
+    """``{save}/tokens_per_expert/rank{R}.jsonl`` (``--save-tokens-per-expert-interval``), by global rank."""
+    folder = save_dir / "tokens_per_expert"
+    if not folder.is_dir():
+        return {}
+    return {int(m.group(1)): path for path in sorted(folder.iterdir()) if (m := _TPE_FILE.match(path.name))}
+
+
+def _read_tokens_per_expert(files: dict[int, Path], dump: DumpLayout, found: _Accumulated) -> int:
+    """Each rank's counts as ``act:layers.L.mlp.tokens_per_expert`` [micro-batches, experts] (float32, as the
+    recorder counts), at the step before ``iter``. Ranks follow Megatron's default order (TP fastest, then EP,
+    DP, PP; no CP): TP rank 0 of data-parallel replica 0 is read, each EP rank's local experts at their global
+    columns. Returns the bytes read."""
+    world = max(files) + 1
+    tp, ep, pp = dump.tp, dump.ep, dump.pp
+    if world % (tp * ep * pp):
+        raise ImportFormatError(f"tokens_per_expert/: {world} rank files cannot be split into TP={tp}, EP={ep}, "
+                                f"PP={pp}")
+    if dump.vp:
+        raise ImportFormatError("tokens_per_expert/ with a virtual pipeline: its local layer numbers cannot be "
+                                "told apart by chunk")
+    dp = world // (tp * ep * pp)
+    for rank, path in sorted(files.items()):
+        tp_rank, ep_rank, dp_rank, pp_rank = rank % tp, (rank // tp) % ep, (rank // (tp * ep)) % dp, \
+            rank // (tp * ep * dp)
+        if tp_rank or dp_rank:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            entry = _tpe_entry(line, f"{path}:{number}")
+            if entry.get("block") != "decoder":
+                found.skipped.setdefault(f"tokens_per_expert: block {entry.get('block')!r}", "not a decoder layer")
+                continue
+            counts = torch.tensor(entry["tpe"], dtype=torch.float32)
+            layer = dump.layer_offsets.get((pp_rank, 0), 0) + int(entry["layer"])
+            local = counts.shape[1]
+            where = Placement(full_shape=(counts.shape[0], local * ep), dims=(0, 1), offsets=(0, ep_rank * local))
+            _add(found, int(entry["iter"]) - 1, f"act:layers.{layer}.mlp.tokens_per_expert", counts, where,
+                 (SITE_KINDS.index("act"), layer, 1 << 20, pp_rank))
+    return sum(path.stat().st_size for path in files.values())
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _tpe_entry(line: str, where: str) -> dict[str, Any]:
+    """One line of a tokens-per-expert log, checked: ``iter`` >= 1, ``layer`` >= 0, ``tpe`` a rectangle of
+    counts (one row per micro-batch)."""
+    import json
+
+    try:
+        entry = json.loads(line)
+    except ValueError as err:
+        raise ImportFormatError(f"{where}: not a JSON line ({err})") from None
+    rows = entry.get("tpe") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not _whole(entry.get("iter"), 1) or not _whole(entry.get("layer"), 0) or \
+            not isinstance(rows, list) or not rows or not all(isinstance(r, list) and r for r in rows) or \
+            len({len(r) for r in rows}) != 1 or not all(_whole(c, 0) for r in rows for c in r):
+        raise ImportFormatError(f"{where}: not a tokens-per-expert record ({{\"iter\": N >= 1, \"block\", "
+                                f"\"layer\": L >= 0, \"tpe\": [[counts] per micro-batch]}} expected)")
+    return entry
 
 
 def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:
@@ -407,7 +499,7 @@ def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:
 
 
 def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump: DumpLayout,
-           found: _Accumulated) -> None:
+           found: _Accumulated, *, tokens: int = 0) -> None:
     if not found.order:
         raise ImportFormatError(f"{save_dir}: the dumps hold no tensors")
     sites = sorted(found.order, key=lambda s: (found.order[s], s))
@@ -419,7 +511,7 @@ def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump
     kinds = {kind: sorted({f.iteration for f in files if f.kind == kind}) for kind in DUMP_KINDS}
     create_store(run_dir, store_attributes(info, status=layout.Status.CREATED, imported={
         "format": "megatron-lm tensor dumps", "files": len(files), "save_dir": str(save_dir),
-        "iterations": {kind: its for kind, its in kinds.items() if its},
+        "iterations": {kind: its for kind, its in kinds.items() if its}, "tokens_per_expert_logs": tokens,
         "steps": "activations, dgrads and wgrads of iter_N at step N-1; params of iter_N at step N",
         "limits": list(LIMITS), "skipped": dict(sorted(found.skipped.items()))}), steps[-1] + 1)
     infos = [_site_info(site, i, found) for i, site in enumerate(sites)]
