@@ -26,6 +26,7 @@ did not record is named as unknown, never as equal.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -158,6 +159,7 @@ def megatron_verdict(facts: Mapping[str, Any]) -> str | None:
     return "pass" if verdict.get("passes") and not failing else f"fail ({', '.join(failing) or '?'})"
 
 
+@functools.cache
 def _megatron_checks() -> Any:
     """Megatron-LM's ``determinism`` module, loaded from its file alone (importing ``megatron.training`` would
     import the whole training package), or None."""

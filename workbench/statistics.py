@@ -104,6 +104,13 @@ def pack_fingerprint(lane_a: int, lane_b: int) -> int:
     return ((int(lane_b) & _MASK32) << 32) | (int(lane_a) & _MASK32)
 
 
+def pack_fingerprints(lanes: np.ndarray) -> np.ndarray:
+    """``pack_fingerprint`` over an array of lane sums (last axis: lane A, lane B; any integers, taken mod
+    2^32): the uint64 fingerprints, of the leading shape."""
+    words = np.asarray(lanes).astype(np.uint64) & np.uint64(_MASK32)
+    return (words[..., 1] << np.uint64(32)) | words[..., 0]
+
+
 def fingerprint_reference(values: np.ndarray, full_index: np.ndarray | None = None) -> int:
     """The fingerprint of ``values`` (numpy, any float dtype of 2, 4 or 8 bytes) as an unsigned int."""
     return pack_fingerprint(*lane_sums(values, full_index))

@@ -71,7 +71,7 @@ from workbench.importers.table import write_unlogged_scalars
 from workbench.recorder.kernels import accumulate, new_accumulators
 from workbench.recorder.placement import Placement, activation_placement, whole
 from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id
-from workbench.statistics import PRECISION_LIMITS, assemble
+from workbench.statistics import PRECISION_LIMITS, assemble, pack_fingerprints
 from workbench.store import layout
 from workbench.store.manifest import ParallelLayout, RunManifest, new_run_id, store_attributes
 from workbench.store.writer import SiteInfo, create_sites_group, create_store, set_status, write_site_rows
@@ -227,9 +227,9 @@ def dump_layout(files: list[DumpFile], *, sequence_parallel: bool = False) -> Du
         if f.kind != kind or f.iteration != first or f.tp != 0 or f.ep != 0:
             continue
         for chunk, keys in _chunks(_load(f)[0], f.path):
-            layers = {int(m.group(1)) for key in keys for m in [_LOCAL_LAYER.search(key)] if m}
+            layers = _indices(_LOCAL_LAYER, keys)
             counts[(f.pp, chunk)] = max(layers) + 1 if layers else 0
-            local_experts = {int(m.group(1)) for key in keys for m in [_LOCAL_EXPERT.search(key)] if m}
+            local_experts = _indices(_LOCAL_EXPERT, keys)
             experts = max(experts, max(local_experts) + 1 if local_experts else 0)
     pp = max(f.pp for f in files) + 1
     chunks = sorted({c for _, c in counts})
@@ -249,6 +249,11 @@ def dump_layout(files: list[DumpFile], *, sequence_parallel: bool = False) -> Du
         offsets = {(stage, chunk): chunk * pp * per_chunk + stage * per_chunk for stage, chunk in counts}
     return DumpLayout(tp=max(f.tp for f in files) + 1, pp=pp, ep=max(f.ep for f in files) + 1,
                       layer_offsets=offsets, experts_per_rank=experts, sequence_parallel=sequence_parallel)
+
+
+def _indices(pattern: re.Pattern[str], keys: Iterable[Any]) -> set[int]:
+    """The numbers ``pattern``'s first group finds in ``keys`` (local layers, local experts)."""
+    return {int(m.group(1)) for key in keys if (m := pattern.search(str(key)))}
 
 
 def _load(f: DumpFile) -> tuple[Any, list[str]]:
@@ -378,7 +383,7 @@ def _read(f: DumpFile, dump: DumpLayout, found: _Accumulated) -> None:
     content, skipped_classes = _load(f)
     site_kind = _SITE_KIND[f.kind]
     for chunk, entries in _chunks(content, f.path):
-        local = {int(m.group(1)) for key in entries for m in [_LOCAL_LAYER.search(str(key))] if m}
+        local = _indices(_LOCAL_LAYER, entries)
         global_layer = dump.global_layers(f.pp, chunk, local)
         for index, (key, value) in enumerate(entries.items()):
             key = str(key)
@@ -528,8 +533,6 @@ def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump
                 if entry is not None:
                     acc, lane = entry
                     sums[row, j], maxes[row, j], lanes[row, j] = acc[:8].numpy(), acc[8:].numpy(), lane.numpy()
-        lane_values = lanes.astype(np.uint64) & np.uint64(0xFFFFFFFF)
-        write_site_rows(run_dir, first, assemble(sums, maxes),
-                        (lane_values[..., 1] << np.uint64(32)) | lane_values[..., 0])
+        write_site_rows(run_dir, first, assemble(sums, maxes), pack_fingerprints(lanes))
     write_unlogged_scalars(run_dir, steps[-1] + 1)
     set_status(run_dir, layout.Status.COMPLETE)

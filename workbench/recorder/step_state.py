@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from workbench.recorder import kernels
 from workbench.recorder.snapshots import Snapshot
-from workbench.statistics import assemble
+from workbench.statistics import assemble, pack_fingerprints
 
 _BLOCK = 64
 
@@ -99,6 +99,5 @@ def reduce_pending(pending: list[PendingStep], index: dict[str, int], device: to
     if rank != 0:
         return None
     stats = assemble(sums.cpu().numpy(), maxes.cpu().numpy())       # one host copy per flush
-    lane_values = lanes.cpu().numpy().astype(np.uint64) & np.uint64(0xFFFFFFFF)
-    fingerprints = (lane_values[..., 1] << np.uint64(32)) | lane_values[..., 0]
+    fingerprints = pack_fingerprints(lanes.cpu().numpy())
     return [p.row for p in pending], stats, fingerprints
