@@ -26,6 +26,8 @@ MEGATRON_OVERLAYS := 0.17.1 0.18.2
 RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_core_imported \
   tests/unit/test_cpu_compat.py tests/integration/test_user_loop.py tests/integration/test_recorder_api.py
 PYTEST := python -m pytest -q -p no:cacheprovider
+SINGLE_PROCESS_TESTS := tests/unit tests/property
+MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser
 
 .PHONY: setup demo test test-current test-floor test-range lint bench clean chromium
 
@@ -55,11 +57,15 @@ demo: $(CURRENT)/.installed chromium
 
 test: test-current test-floor test-range
 
+# The unit and property tests run one process per core (pytest-xdist); the tests that train multi-process
+# Megatron runs, execute notebooks or drive a browser run one at a time (each already keeps every core busy).
 test-current: $(CURRENT)/.installed chromium
-	$(CURRENT)/bin/$(PYTEST) --durations=10
+	$(CURRENT)/bin/$(PYTEST) -n auto $(SINGLE_PROCESS_TESTS) --durations=5
+	$(CURRENT)/bin/$(PYTEST) $(MULTI_PROCESS_TESTS) --durations=10
 
 test-floor: $(FLOOR)/.installed
-	$(FLOOR)/bin/$(PYTEST) -m training --durations=5
+	$(FLOOR)/bin/$(PYTEST) -n auto -m training $(SINGLE_PROCESS_TESTS) --durations=5
+	$(FLOOR)/bin/$(PYTEST) -m training $(MULTI_PROCESS_TESTS) --durations=5
 
 test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))
 	@for v in $(MEGATRON_OVERLAYS); do echo "megatron-core $$v over $(CURRENT):"; \

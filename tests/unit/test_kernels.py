@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -210,3 +212,19 @@ def test_one_call_over_many_tensors_equals_one_call_each() -> None:
     shared = kernels.new_accumulators(torch.device("cpu"))  # two micro-batches into one site's accumulators
     kernels.accumulate_many([(tensors[0], coords[0], *shared), (tensors[0], coords[0], *shared)], 1e-3, 50.0)
     assert shared[0][0] == 2 * tensors[0].numel() and torch.equal(shared[1], 2 * one_by_one[0][1])
+
+
+def test_a_built_kernel_is_imported_again_without_a_build_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process after the first imports the module the first built (``load`` would ask ninja, 1.5-5 s a
+    process); a build directory whose lock is held is left to ``load``, which waits for it."""
+    from torch.utils import cpp_extension
+
+    built = kernels.native()
+    name = built.__name__
+    assert kernels._built(name).instruction_set() == built.instruction_set()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    assert kernels._built(name) is None  # nothing built under this root
+    (directory / f"{name}.so").write_bytes(b"half written")
+    (directory / "lock").touch()
+    assert kernels._built(name) is None

@@ -134,11 +134,28 @@ def native(isa: str = "native") -> Any:
     flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() \
         else os.uname().machine
     key = hashlib.sha256(code + flags.encode() + torch.__version__.encode() + isa.encode()).hexdigest()
+    name = f"workbench_stats_{key[:12]}"
+    built = _built(name)
+    if built is not None:
+        return built
     # cpp_extension runs `ninja` from PATH; the one pip installed sits beside this Python.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return cpp_extension.load(name=f"workbench_stats_{key[:12]}", sources=[str(source)],
+    return cpp_extension.load(name=name, sources=[str(source)],
                               extra_cflags=["-O3", "-march=native", *_ISA_FLAGS[isa], "-fopenmp"],
                               extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _built(name: str) -> Any:
+    """The module ``name`` as an earlier process built it, imported without asking ninja (``load`` spends
+    1.5-5 s per process on that check, and every rank of every run pays it), or None. The name holds the hash
+    of the sources, flags and torch, so a module of that name is current; one whose build holds the lock may
+    be half written and is left to ``load``."""
+    from torch.utils import cpp_extension
+
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (directory / f"{name}.so").is_file() or (directory / "lock").exists():
+        return None
+    return cpp_extension._import_module_from_library(name, str(directory), True)
 
 
 def new_accumulators(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
