@@ -68,6 +68,14 @@ def _add_import_megatron_dumps(verbs: argparse._SubParsersAction) -> None:
     dumps.add_argument("--precision", choices=("fp32", "bf16", "fp16", "fp8"), default=None,
                        help="the run's precision, for the underflow and overflow counts (default: the dtype of "
                        "the parameters or activations)")
+    dumps.add_argument("--router-traces", type=Path, default=None, metavar="DIR",
+                       help="also read Megatron's MoE router traces from DIR (--moe-routing-trace-path)")
+    dumps.add_argument("--experts", type=whole(1), default=None,
+                       help="the number of experts the router traces route to (default: the largest index + 1)")
+    dumps.add_argument("--tp", type=whole(1), default=None,
+                       help="the tensor-parallel size, where no dump file tells it (router traces alone)")
+    dumps.add_argument("--pp", type=whole(1), default=None,
+                       help="the pipeline-parallel size, where no dump file tells it (router traces alone)")
     dumps.set_defaults(func=_import_megatron_dumps)
 
 
@@ -76,7 +84,8 @@ def _import_megatron_dumps(args: argparse.Namespace) -> int:
 
     start = time.monotonic()
     run_dir = import_megatron_dumps(args.save_dir, args.out, name=args.name, ep=args.ep,
-                                    sequence_parallel=args.sequence_parallel, precision=args.precision)
+                                    sequence_parallel=args.sequence_parallel, precision=args.precision,
+                                    router_traces=args.router_traces, experts=args.experts, tp=args.tp, pp=args.pp)
     print(f"imported {args.save_dir} into {run_dir} in {time.monotonic() - start:.1f} s; compare it with "
           f"another import or a recorded run: workbench compare {run_dir} OTHER")
     return 0

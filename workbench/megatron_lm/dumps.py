@@ -40,7 +40,8 @@ Megatron-LM (``megatron.training``, megatron-core 0.17+) writes, every N iterati
   recorder's MoE site ``act:layers.L.mlp.tokens_per_expert`` [micro-batches, experts], float32 as the
   recorder counts, at step ``iter`` - 1: ranks are placed in Megatron's default order (TP fastest, then EP,
   DP, PP), TP rank 0 of data-parallel replica 0 is read, each EP rank's experts at their global columns.
-  Megatron's router traces (``--moe-routing-trace-path``) are not read.
+* **Router traces** (``--moe-routing-trace-path``, given as ``router_traces``) come in as the same
+  ``tokens_per_expert`` site and ``act:layers.L.mlp.router/top_indices`` (``workbench.megatron_lm.router_traces``).
 * **Statistics and fingerprints** are the recorder's (``workbench.recorder.kernels``); integer tensors
   (position ids) are taken as float64.
 * **What a dump cannot show** goes into the manifest's ``imported.limits``: only the last micro-batch of each
@@ -68,6 +69,8 @@ import torch
 
 from workbench.errors import ImportFormatError
 from workbench.importers.table import write_unlogged_scalars
+from workbench.megatron_lm.router_traces import LIMITS as ROUTER_LIMITS
+from workbench.megatron_lm.router_traces import read_router_traces, router_trace_files
 from workbench.recorder.kernels import accumulate, new_accumulators
 from workbench.recorder.placement import Placement, activation_placement, whole
 from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id
@@ -350,17 +353,34 @@ def _position(kind: str, name: str, index: int) -> tuple[int, int]:
 
 def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: str | None = None,
                           ep: int | None = None, sequence_parallel: bool = False, precision: str | None = None,
+                          router_traces: str | Path | None = None, experts: int | None = None,
+                          tp: int | None = None, pp: int | None = None,
                           progress: Callable[[str], None] | None = None) -> Path:
     """Write a run store from the Megatron-LM dumps under ``save_dir`` (see the module docstring); returns its
     folder. ``precision`` (default: the parameters' or activations' dtype) sets the underflow and overflow
-    limits; ``progress`` is told about each iteration read (default: a line on stderr)."""
+    limits; ``router_traces`` is a ``--moe-routing-trace-path`` folder to read too, ``experts`` the number of
+    experts it routes to (default: the largest index seen + 1); ``tp`` and ``pp`` give the layout where no dump
+    file tells it (router traces or tokens-per-expert logs alone); ``progress`` is told about each iteration
+    read (default: a line on stderr)."""
     save_dir, run_dir = Path(save_dir), Path(run_dir)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     tokens = tokens_per_expert_files(save_dir) if save_dir.is_dir() else {}
-    files = find_dumps(save_dir, ep=ep, required=not tokens)
+    traces = router_trace_files(Path(router_traces)) if router_traces is not None else {}
+    if router_traces is not None and not traces:
+        raise ImportFormatError(f"{router_traces}: no router traces (router_trace_rankR.jsonl, from "
+                                "--moe-routing-trace-path)")
+    files = find_dumps(save_dir, ep=ep, required=not tokens and not traces)
     dump = dump_layout(files, sequence_parallel=sequence_parallel)
-    if not files and ep:
-        dump = DumpLayout(tp=1, pp=1, ep=ep, layer_offsets={(0, 0): 0}, sequence_parallel=sequence_parallel)
+    if files and (tp, pp) != (None, None) and (tp or dump.tp, pp or dump.pp) != (dump.tp, dump.pp):
+        raise ImportFormatError(f"{save_dir}: the dumps were written at TP={dump.tp}, PP={dump.pp}, not the "
+                                f"TP={tp or dump.tp}, PP={pp or dump.pp} given")
+    if not files:
+        if (pp or 1) > 1:
+            raise ImportFormatError(f"{save_dir}: with PP={pp} the layer numbers in the logs are each stage's own, "
+                                    "and without the dumps the stages' first layers are unknown: import the logs "
+                                    "with the run's dumps (any one kind, e.g. --save-params-interval)")
+        dump = DumpLayout(tp=tp or 1, pp=1, ep=ep or 1, layer_offsets={(0, 0): 0},
+                          sequence_parallel=sequence_parallel)
     found = _Accumulated(precision=precision)
     start, total_bytes, iterations = time.perf_counter(), 0, sorted({f.iteration for f in files})
     for i, iteration in enumerate(iterations):
@@ -375,7 +395,17 @@ def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: st
     if tokens:
         size = _read_tokens_per_expert(tokens, dump, found)
         say(f"tokens_per_expert: {len(tokens)} rank logs, {size / 1e6:.1f} MB")
-    _write(run_dir, name or run_dir.name, save_dir, files, dump, found, tokens=len(tokens))
+    routing = None
+    if traces:
+        read = read_router_traces(traces, tp=dump.tp, pp=dump.pp, layer_offsets=dump.layer_offsets,
+                                  sequence_parallel=sequence_parallel, experts=experts)
+        for step, site, value, where, order in read["pieces"]:
+            _add(found, step, site, value, where, order)
+        found.skipped.update(read["skipped"])
+        routing = {"files": len(traces), "folder": str(router_traces), "experts": read["experts"],
+                   "irregular_steps": read["irregular_steps"]}
+        say(f"router traces: {len(traces)} rank files, {read['bytes'] / 1e6:.1f} MB, {read['experts']} experts")
+    _write(run_dir, name or run_dir.name, save_dir, files, dump, found, tokens=len(tokens), routing=routing)
     return run_dir
 
 
@@ -504,7 +534,7 @@ def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:
 
 
 def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump: DumpLayout,
-           found: _Accumulated, *, tokens: int = 0) -> None:
+           found: _Accumulated, *, tokens: int = 0, routing: dict[str, Any] | None = None) -> None:
     if not found.order:
         raise ImportFormatError(f"{save_dir}: the dumps hold no tensors")
     sites = sorted(found.order, key=lambda s: (found.order[s], s))
@@ -518,7 +548,8 @@ def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump
         "format": "megatron-lm tensor dumps", "files": len(files), "save_dir": str(save_dir),
         "iterations": {kind: its for kind, its in kinds.items() if its}, "tokens_per_expert_logs": tokens,
         "steps": "activations, dgrads and wgrads of iter_N at step N-1; params of iter_N at step N",
-        "limits": list(LIMITS), "skipped": dict(sorted(found.skipped.items()))}), steps[-1] + 1)
+        "limits": [*LIMITS, *(ROUTER_LIMITS if routing else ())], "skipped": dict(sorted(found.skipped.items())),
+        **({"router_traces": routing} if routing else {})}), steps[-1] + 1)
     infos = [_site_info(site, i, found) for i, site in enumerate(sites)]
     create_sites_group(run_dir, steps, infos)
     column = {site: j for j, site in enumerate(sites)}

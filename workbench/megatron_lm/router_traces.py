@@ -1,0 +1,132 @@
+"""Megatron's MoE router traces read as the recorder's routing sites.
+
+``--moe-routing-trace-path DIR`` (megatron-core 0.19+, ``megatron/core/transformer/moe/router_trace.py``)
+makes every rank append one JSON line per router call to ``DIR/router_trace_rank{R}.jsonl``:
+
+    {"step": 0, "stage": "pre_dispatch", "block": "decoder", "layer": 3, "rank": 0,
+     "num_tokens": 128, "topk": 2, "top_indices": [[12, 45], ...]}     [num_tokens, topk], global expert ids
+
+``step`` is the 0-based iteration ``train_step`` passes to the tracer (the recorder's step); ``layer`` is the
+layer's number on its pipeline stage; one line per micro-batch and layer, the tokens in the router's order
+(sequence, then sample). Each line comes in as two sites of ``layers.L.mlp`` (L global):
+
+    act:layers.L.mlp.tokens_per_expert   float32 [micro-batches, experts]: the tokens routed to each expert,
+                                         counted as the recorder counts them, so a trace lines up with a
+                                         recorded run of the same model
+    act:layers.L.mlp.router/top_indices  int32 [micro-batches, tokens, topk]: which experts each token chose,
+                                         bitwise (two runs whose counts agree can still route other tokens)
+
+A rank's micro-batch is row ``replica * micro-batches per replica + k`` (the recorder's numbering: data
+replicas hold consecutive shares of the global batch); ranks follow Megatron's default order (TP fastest, then
+CP, EP and DP, PP last), and every rank of a tensor-parallel group routes the same tokens, so TP rank 0 is
+read (with sequence parallelism each TP rank routes its own part of the sequence: all are read, each at its
+tokens). The number of experts is the largest index seen + 1 unless given.
+
+The sidecar files of hidden states and logits are not read; MTP heads' records are skipped and named.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.errors import ImportFormatError
+from workbench.recorder.placement import Placement
+from workbench.sites import SITE_KINDS
+
+_TRACE_FILE = re.compile(r"^router_trace_rank(\d+)\.jsonl$")
+
+LIMITS: tuple[str, ...] = (
+    "router traces: a step after an evaluation also holds the evaluation's router calls, and a recomputed "
+    "forward calls each router again (Megatron stamps them with the step): a step with more calls than most "
+    "keeps its last ones, and is named in router_traces.irregular_steps",
+)
+
+
+def router_trace_files(trace_dir: Path) -> dict[int, Path]:
+    """``DIR/router_trace_rank{R}.jsonl`` by global rank (DIR is ``--moe-routing-trace-path``)."""
+    if not trace_dir.is_dir():
+        return {}
+    return {int(m.group(1)): path for path in sorted(trace_dir.iterdir()) if (m := _TRACE_FILE.match(path.name))}
+
+
+def read_router_traces(files: Mapping[int, Path], *, tp: int, pp: int, layer_offsets: Mapping[tuple[int, int], int],
+                       sequence_parallel: bool = False, experts: int | None = None) -> dict[str, Any]:
+    """The routing sites of every rank's trace (see the module docstring), as ``{"pieces": [(step, site,
+    tensor, placement, order)], "experts", "irregular_steps", "skipped", "bytes"}``; ``layer_offsets`` maps
+    (pipeline rank, chunk 0) to the stage's first global layer."""
+    world = max(files) + 1
+    if world % (tp * pp):
+        raise ImportFormatError(f"router traces: {world} rank files cannot be split into TP={tp}, PP={pp}")
+    replicas = world // (tp * pp)
+    calls: dict[tuple[int, int, int], list[torch.Tensor]] = {}  # (rank, step, global layer) -> micro-batches
+    skipped: dict[str, str] = {}
+    for rank, path in sorted(files.items()):
+        tp_rank, pp_rank = rank % tp, rank // (tp * replicas)
+        if tp_rank and not sequence_parallel:
+            continue  # the same tokens as TP rank 0
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            entry = _entry(line, f"{path}:{number}")
+            if entry.get("block") != "decoder" or "mtp_idx" in entry:
+                skipped.setdefault(f"router traces: block {entry.get('block')!r}", "not a decoder layer")
+                continue
+            layer = layer_offsets.get((pp_rank, 0), 0) + entry["layer"]
+            calls.setdefault((rank, entry["step"], layer), []).append(entry["top_indices"])
+    if not calls:
+        raise ImportFormatError("router traces: no decoder layer's router call in "
+                                f"{', '.join(str(p) for p in files.values())}")
+    count = experts or 1 + max(int(t.max()) for ts in calls.values() for t in ts if t.numel())
+    per_rank = Counter(len(ts) for ts in calls.values()).most_common(1)[0][0]
+    irregular = sorted({step for (_, step, _), ts in calls.items() if len(ts) != per_rank})
+    pieces = []
+    rows = replicas * per_rank
+    for (rank, step, layer), micro_batches in sorted(calls.items()):
+        tp_rank, replica = rank % tp, (rank // tp) % replicas
+        for k, indices in enumerate(micro_batches[-per_rank:]):  # an evaluation's calls come first
+            if indices.numel() and int(indices.max()) >= count:
+                raise ImportFormatError(f"router traces: rank {rank}, step {step}, layer {layer} routes to expert "
+                                        f"{int(indices.max())} of {count}")
+            row = replica * per_rank + k
+            counts = torch.bincount(indices.reshape(-1).long(), minlength=count).to(torch.float32).unsqueeze(0)
+            order = (SITE_KINDS.index("act"), layer, 1 << 20, pp_rank)
+            if tp_rank == 0:
+                pieces.append((step, f"act:layers.{layer}.mlp.tokens_per_expert", counts,
+                               Placement(full_shape=(rows, count), dims=(0, 1), offsets=(row, 0)), order))
+            share = indices.shape[0]
+            tokens = share * (tp if sequence_parallel else 1)
+            pieces.append((step, f"act:layers.{layer}.mlp.router/top_indices", indices.unsqueeze(0),
+                           Placement(full_shape=(rows, tokens, indices.shape[1]), dims=(0, 1, 2),
+                                     offsets=(row, tp_rank * share if sequence_parallel else 0, 0)),
+                           (order[0], layer, (1 << 20) + 1, pp_rank)))
+    return {"pieces": pieces, "experts": count, "irregular_steps": irregular, "skipped": skipped,
+            "bytes": sum(path.stat().st_size for path in files.values())}
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _entry(line: str, where: str) -> dict[str, Any]:
+    """One line of a router trace, checked: ``step`` >= 0, ``layer`` >= 0, ``top_indices`` a rectangle of expert
+    ids >= 0 ([num_tokens, topk]); returned with ``top_indices`` as an int32 tensor."""
+    try:
+        entry = json.loads(line)
+    except ValueError as err:
+        raise ImportFormatError(f"{where}: not a JSON line ({err})") from None
+    rows = entry.get("top_indices") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not _whole(entry.get("step"), 0) or not _whole(entry.get("layer"), 0) or \
+            not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows) or \
+            len({len(r) for r in rows}) > 1 or not all(_whole(i, 0) and i < 2**31 for r in rows for i in r):
+        raise ImportFormatError(f"{where}: not a router-trace record ({{\"step\": N >= 0, \"block\", \"layer\": "
+                                "L >= 0, \"top_indices\": [[expert ids] per token]}} expected)")
+    width = len(rows[0]) if rows else 0
+    entry["top_indices"] = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)
+    return entry
