@@ -22,9 +22,11 @@ CURRENT := .venv-current
 FLOOR := .venv
 EXTRAS := train,notebooks,test
 MEGATRON_OVERLAYS := 0.17.1 0.18.2
-# What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, and the recorder's API.
+# What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, the recorder's API, and
+# Megatron-LM's own pretrain() recorded by the launcher (each release's signature).
 RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_core_imported \
-  tests/unit/test_cpu_compat.py tests/integration/test_user_loop.py tests/integration/test_recorder_api.py
+  tests/unit/test_cpu_compat.py tests/integration/test_user_loop.py tests/integration/test_recorder_api.py \
+  tests/integration/test_megatron_pretrain.py::test_pretrain_is_recorded_with_every_site_kind_and_its_scalars
 PYTEST := python -m pytest -q -p no:cacheprovider
 SINGLE_PROCESS_TESTS := tests/unit tests/property
 MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser

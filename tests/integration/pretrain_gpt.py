@@ -1,4 +1,4 @@
-"""An entry script for Megatron-LM's ``pretrain()`` (megatron-core 0.19), after Megatron-LM's
+"""An entry script for Megatron-LM's ``pretrain()`` (megatron-core 0.17-0.19), after Megatron-LM's
 ``pretrain_gpt.py``, which the wheel does not ship: GPTModel with the local spec, Megatron's mock GPT
 dataset, its ``get_batch_on_this_tp_rank``, forward step and loss. It runs as any entry script would, under
 the workbench's launcher in the tests:
@@ -12,6 +12,7 @@ STEP (the test's one-bit change; MODULE by its name in the model, ``decoder.laye
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -22,10 +23,8 @@ from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
-from megatron.core.utils import get_batch_on_this_tp_rank
 from megatron.training import get_args, pretrain, print_rank_0
-from megatron.training.argument_utils import pretrain_cfg_container_from_args
-from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
+from megatron.training.arguments import core_transformer_config_from_args
 
 
 def _flip_hook(model: torch.nn.Module) -> None:
@@ -70,31 +69,23 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     return model
 
 
-_BATCH_KEYS = ["tokens", "labels", "loss_mask", "attention_mask", "position_ids"]
-
-
 def get_batch(data_iterator):
+    """The micro-batch on every TP rank: TP rank 0 reads it and broadcasts it to the others, as Megatron's
+    ``get_batch_on_this_tp_rank`` does (its signature differs in each release)."""
     args = get_args()
-    batch = {}
-    if mpu.get_tensor_model_parallel_rank() == 0:
-        batch = next(data_iterator)
-    batch = get_batch_on_this_tp_rank(
-        batch,
-        has_cu_seqlens=False,
-        is_hybrid_cp=False,
-        cp_size=1,
-        mtp_on_this_rank=False,
-        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
-        broadcast_group=mpu.get_tensor_model_parallel_group(),
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
-        tp_rank=mpu.get_tensor_model_parallel_rank(),
-        micro_batch_size=args.micro_batch_size,
-        seq_length=args.seq_length,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
-        is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
-    )
-    return [batch.get(k) for k in _BATCH_KEYS]
+    shape = (args.micro_batch_size, args.seq_length)
+    keys = {"tokens": (torch.int64, shape), "labels": (torch.int64, shape), "loss_mask": (torch.float32, shape),
+            "position_ids": (torch.int64, shape)}
+    if args.create_attention_mask_in_dataloader:
+        keys["attention_mask"] = (torch.bool, (args.micro_batch_size, 1, args.seq_length, args.seq_length))
+    batch = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else {}
+    received = {}
+    for key, (dtype, size) in keys.items():
+        tensor = batch[key].to(dtype).contiguous() if key in batch else torch.empty(size, dtype=dtype)
+        torch.distributed.broadcast(tensor, mpu.get_tensor_model_parallel_src_rank(),
+                                    group=mpu.get_tensor_model_parallel_group())
+        received[key] = tensor
+    return [received.get(k) for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")]
 
 
 def loss_func(loss_mask, output_tensor):
@@ -138,7 +129,23 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
 train_valid_test_datasets_provider.is_distributed = True
 
 
+def main() -> None:
+    """``pretrain()`` in each release's signature: 0.17 ``(provider, model_provider, model_type,
+    forward_step_func, ..., args_defaults)`` parses the arguments itself; 0.18 ``(cfg_container, provider,
+    model_provider, model_type, forward_step_func, ...)`` and 0.19 ``(cfg_container, provider, model_type,
+    forward_step_func, model_provider=None, ...)`` take them parsed, and agree on the keywords."""
+    steps = {"model_provider": model_provider, "model_type": ModelType.encoder_or_decoder,
+             "forward_step_func": forward_step}
+    defaults = {"tokenizer_type": "NullTokenizer"}
+    if "cfg_container" not in inspect.signature(pretrain).parameters:
+        pretrain(train_valid_test_datasets_provider, args_defaults=defaults, **steps)
+        return
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    arguments = parse_and_validate_args(args_defaults=defaults)
+    pretrain(pretrain_cfg_container_from_args(arguments, None), train_valid_test_datasets_provider, **steps)
+
+
 if __name__ == "__main__":
-    arguments = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
-    pretrain(pretrain_cfg_container_from_args(arguments, None), train_valid_test_datasets_provider,
-             ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+    main()

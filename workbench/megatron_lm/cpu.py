@@ -1,7 +1,8 @@
-"""What Megatron-LM's ``pretrain()`` (megatron-core 0.19) needs to train on a machine without a GPU, applied
-from outside Megatron (its source is never edited), on top of the runner's ``cpu_compat`` layer.
+"""What Megatron-LM's ``pretrain()`` (megatron-core 0.17-0.19) needs to train on a machine without a GPU,
+applied from outside Megatron (its source is never edited), on top of the runner's ``cpu_compat`` layer.
 
-Each patch routes around one call site (line numbers of megatron-core 0.19.2):
+Each patch routes around one call site (line numbers of megatron-core 0.19.2; 0.17.1 and 0.18.2 have the same
+sites, and their ``_initialize_distributed`` has no ``skip_model_parallel_init``):
 
 * ``training/initialize.py:66`` asserts "Megatron requires CUDA" unless ``allow_no_cuda=True``, which
   ``pretrain()`` never passes: the name ``pretrain()`` looks up gets the flag.
@@ -57,11 +58,15 @@ def install() -> None:
 
 
 def _with_model_parallel(initialize_distributed: Any) -> Any:
+    skips = "skip_model_parallel_init" in inspect.signature(initialize_distributed).parameters  # 0.19+
+
     def call(*args: Any, skip_model_parallel_init: bool = False, **kwargs: Any) -> Any:
         from megatron.core import mpu
         from megatron.training import get_args
 
-        result = initialize_distributed(*args, skip_model_parallel_init=skip_model_parallel_init, **kwargs)
+        if skips:
+            kwargs["skip_model_parallel_init"] = skip_model_parallel_init
+        result = initialize_distributed(*args, **kwargs)
         if not skip_model_parallel_init and not mpu.model_parallel_is_initialized():
             a = get_args()
             embedding_ranks, position_ranks = (list(args) + [None, None])[:2]
