@@ -70,7 +70,7 @@ import torch
 from workbench.errors import ImportFormatError
 from workbench.importers.table import write_unlogged_scalars
 from workbench.megatron_lm.router_traces import LIMITS as ROUTER_LIMITS
-from workbench.megatron_lm.router_traces import read_router_traces, router_trace_files
+from workbench.megatron_lm.router_traces import layer_record, read_router_traces, router_trace_files
 from workbench.recorder.kernels import accumulate, new_accumulators
 from workbench.recorder.placement import Placement, activation_placement, whole
 from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id
@@ -503,26 +503,12 @@ def _read_tokens_per_expert(files: dict[int, Path], dump: DumpLayout, found: _Ac
     return sum(path.stat().st_size for path in files.values())
 
 
-def _whole(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _tpe_entry(line: str, where: str) -> dict[str, Any]:
     """One line of a tokens-per-expert log, checked: ``iter`` >= 1, ``layer`` >= 0, ``tpe`` a rectangle of
     counts (one row per micro-batch)."""
-    import json
-
-    try:
-        entry = json.loads(line)
-    except ValueError as err:
-        raise ImportFormatError(f"{where}: not a JSON line ({err})") from None
-    rows = entry.get("tpe") if isinstance(entry, dict) else None
-    if not isinstance(entry, dict) or not _whole(entry.get("iter"), 1) or not _whole(entry.get("layer"), 0) or \
-            not isinstance(rows, list) or not rows or not all(isinstance(r, list) and r for r in rows) or \
-            len({len(r) for r in rows}) != 1 or not all(_whole(c, 0) for r in rows for c in r):
-        raise ImportFormatError(f"{where}: not a tokens-per-expert record ({{\"iter\": N >= 1, \"block\", "
-                                f"\"layer\": L >= 0, \"tpe\": [[counts] per micro-batch]}} expected)")
-    return entry
+    return layer_record(line, where, step="iter", first_step=1, rows="tpe",
+                        expected='tokens-per-expert record ({"iter": N >= 1, "block", "layer": L >= 0, "tpe": '
+                        '[[counts] per micro-batch]}')
 
 
 def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:

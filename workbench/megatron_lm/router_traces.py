@@ -111,22 +111,33 @@ def read_router_traces(files: Mapping[int, Path], *, tp: int, pp: int, layer_off
 
 
 def _whole(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**31
 
 
-def _entry(line: str, where: str) -> dict[str, Any]:
-    """One line of a router trace, checked: ``step`` >= 0, ``layer`` >= 0, ``top_indices`` a rectangle of expert
-    ids >= 0 ([num_tokens, topk]); returned with ``top_indices`` as an int32 tensor."""
+def layer_record(line: str, where: str, *, step: str, first_step: int, rows: str, expected: str,
+                 empty: bool = False) -> dict[str, Any]:
+    """One JSON line of Megatron's per-layer logs, checked: ``step`` a whole number >= ``first_step``,
+    ``layer`` >= 0, ``rows`` a rectangle of whole numbers >= 0 (no rows at all where ``empty``);
+    ``ImportFormatError`` naming ``where`` and the ``expected`` record otherwise."""
     try:
         entry = json.loads(line)
     except ValueError as err:
         raise ImportFormatError(f"{where}: not a JSON line ({err})") from None
-    rows = entry.get("top_indices") if isinstance(entry, dict) else None
-    if not isinstance(entry, dict) or not _whole(entry.get("step"), 0) or not _whole(entry.get("layer"), 0) or \
-            not isinstance(rows, list) or not all(isinstance(r, list) and r for r in rows) or \
-            len({len(r) for r in rows}) > 1 or not all(_whole(i, 0) and i < 2**31 for r in rows for i in r):
-        raise ImportFormatError(f"{where}: not a router-trace record ({{\"step\": N >= 0, \"block\", \"layer\": "
-                                "L >= 0, \"top_indices\": [[expert ids] per token]}} expected)")
-    width = len(rows[0]) if rows else 0
-    entry["top_indices"] = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)
+    table = entry.get(rows) if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not _whole(entry.get(step), first_step) or \
+            not _whole(entry.get("layer"), 0) or not isinstance(table, list) or not (table or empty) or \
+            not all(isinstance(r, list) and r for r in table) or len({len(r) for r in table}) > 1 or \
+            not all(_whole(i, 0) for r in table for i in r):
+        raise ImportFormatError(f"{where}: not a {expected} expected)")
+    return entry
+
+
+def _entry(line: str, where: str) -> dict[str, Any]:
+    """One line of a router trace (``top_indices`` [num_tokens, topk] expert ids), with ``top_indices`` as an
+    int32 tensor."""
+    entry = layer_record(line, where, step="step", first_step=0, rows="top_indices", empty=True,
+                         expected='router-trace record ({"step": N >= 0, "block", "layer": L >= 0, "top_indices": '
+                         '[[expert ids] per token]}')
+    rows = entry["top_indices"]
+    entry["top_indices"] = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), len(rows[0]) if rows else 0)
     return entry
