@@ -23,17 +23,23 @@ INTEGRATION = {"integration", "notebooks", "browser"}
 the mini demo): marked ``integration``, so that ``-m "not integration"`` leaves them out."""
 
 
+RUNS_AS_MATERIAL = {"test_analysis.py", "test_cli.py", "test_live_reference.py", "test_report.py"}
+"""Integration modules that train runs only as material for the workbench's own analysis, verbs, report and
+live reference: what they ask of Megatron Core (the runner at TP/PP, the user loop) the other modules ask too,
+so they are not ``training`` and the floor environment leaves them out."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test in ``INTEGRATION``'s folders, and ``training`` every test that imports
     torch or megatron or trains a run: ``make test`` runs the whole suite in one environment and ``-m training``
-    in the other. The notebook and browser tests are not ``training``: they train the mini demo only to have
-    runs to show."""
+    in the other. The notebook and browser tests, and the integration modules in ``RUNS_AS_MATERIAL``, are not
+    ``training``: they train runs only to have runs to show or analyse."""
     verdicts: dict[Path, tuple[bool, bool]] = {}
     for item in items:
         path = Path(str(item.path))
         if path not in verdicts:
             part = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
-            verdicts[path] = (part in INTEGRATION, part == "integration" or (
+            verdicts[path] = (part in INTEGRATION, (part == "integration" and path.name not in RUNS_AS_MATERIAL) or (
                 part in ("unit", "property") and TRAINS.search(path.read_text()) is not None))
         integration, training = verdicts[path]
         if integration:

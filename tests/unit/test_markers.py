@@ -20,6 +20,7 @@ class Item:
 
 @pytest.mark.parametrize("module, expected", [
     ("integration/test_resume.py", ["integration", "training"]),
+    ("integration/test_live_reference.py", ["integration"]),  # runs as material for the workbench's own logic
     ("notebooks/test_notebooks.py", ["integration"]),
     ("browser/test_notebooks_in_jupyterlab.py", ["integration"]),
     ("unit/test_cpu_compat.py", ["training"]),  # imports torch
