@@ -1,8 +1,8 @@
 """Megatron-LM's own ``pretrain()`` recorded without editing it: ``torchrun -m workbench.megatron_lm
 pretrain_gpt.py ARGS --workbench-run DIR`` on the CPU (gloo, mock data, the patches of
 ``workbench.megatron_lm.cpu``), at TP=2, with megatron-core 0.19 (and 0.17 and 0.18 under ``make
-test-range``, whose ``pretrain()`` signatures differ): two runs are bitwise identical, a one-bit change is found at its step
-and module, and the store holds every site kind and the scalars ``train_step`` returns."""
+test-range``, whose ``pretrain()`` signatures differ): two runs are bitwise identical, a one-bit change is
+found at its step and module, and the store holds every site kind and the scalars ``train_step`` returns."""
 
 from __future__ import annotations
 
