@@ -14,6 +14,11 @@ by it ((ratio + 9) / 10), the recorder's own time, and beside it the
 bound set by the bytes the recorder reads per recorded step (every site's tensor once)
 divided by the statistics pass's read rate on a 16 M-element fp32 tensor measured in the
 same process. Also the bytes the ``sites`` group takes per site per recorded step.
+
+Then the store writes of a flush (``--flush-sites``, ``--flush-every``: the recorder's default, 10 steps), on
+the recorder's writer thread, in today's layout (schema 3, ``SiteWriter``) and in the one before (schema 2,
+every statistic of 64 steps in one chunk), alternating flush by flush over 640 recorded steps: the median
+time of a flush in each and their ratio.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from workbench.recorder import kernels
 from workbench.runner.launch import launch
 from workbench.store import layout
 from workbench.store.reader import open_run
+from workbench.store.synthetic import synthetic_sites
+from workbench.store.writer import SiteWriter, create_sites_group, create_store
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
@@ -82,14 +89,46 @@ def measure(model: str, steps: int, compile_: bool, out: Path, rate: float) -> s
             f"{(t_off + bound) / t_off:8.3f}x {per_site:7.1f}")
 
 
+def flush_cost(sites: int, flush_every: int, out: Path) -> str:
+    """Median seconds of one flush's store writes, schema 2 against schema 3, alternating (see the docstring)."""
+    steps = 640
+    rng = np.random.default_rng(0)
+    writers = {}
+    for version in (2, 3):
+        run_dir = out / f"flush-{sites}-v{version}"
+        create_store(run_dir, {"run_id": "flush", "name": "flush", "producer": "benchmark"}, steps,
+                     schema_version=version)
+        create_sites_group(run_dir, list(range(steps)), synthetic_sites(sites))
+        writers[version] = SiteWriter(run_dir)
+    times: dict[int, list[float]] = {2: [], 3: []}
+    for first in range(0, steps, flush_every):
+        stats = rng.standard_normal((flush_every, sites, 12))
+        fingerprints = rng.integers(0, 2**63, size=(flush_every, sites), dtype=np.int64).astype(np.uint64)
+        for version in ((2, 3) if first // flush_every % 2 else (3, 2)):
+            start = time.perf_counter()
+            writers[version].write(first, stats, fingerprints)
+            times[version].append(time.perf_counter() - start)
+    old, new = statistics.median(times[2]), statistics.median(times[3])
+    return f"{sites:>8} {flush_every:>6} {1000 * old:12.2f} {1000 * new:12.2f} {new / old:8.2f}x"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--models", nargs="+", default=["L4H128", "L4H256", "L4H512", "L4H1024", "L8H512"])
+    parser.add_argument("--models", nargs="*", default=["L4H128", "L4H256", "L4H512", "L4H1024", "L8H512"])
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--flush-sites", type=int, nargs="*", default=[100, 300, 1000, 3000])
+    parser.add_argument("--flush-every", type=int, default=10)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="recorder-overhead-"))
+    if args.flush_sites:
+        print(f"store writes of one flush (median over {640 // args.flush_every} flushes, alternating):")
+        print(f"{'sites':>8} {'steps':>6} {'schema 2 ms':>12} {'schema 3 ms':>12} {'3 / 2':>9}")
+        for sites in args.flush_sites:
+            print(flush_cost(sites, args.flush_every, out), flush=True)
+    if not args.models:
+        return
     rate = read_rate()
     print(f"seq 128, batch 16, TP1, compile={args.compile}, {args.steps} steps each (4 skipped); "
           f"statistics pass reads {rate / 1e9:.2f} GB/s (fp32, 16 M elements, {torch.get_num_threads()} threads)")

@@ -32,16 +32,23 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def ensure_pair(directory: Path, steps: int, sites: int) -> tuple[Path, Path, tuple[int, int]]:
+def ensure_pair(directory: Path, steps: int, sites: int,
+                schema_version: int | None = None) -> tuple[Path, Path, tuple[int, int]]:
+    """The synthetic pair of ``steps`` x ``sites`` in the layout of ``schema_version`` (default: the current one),
+    written under ``directory`` the first time, each in its own folder of runs."""
+    from workbench.store import layout
     from workbench.store.synthetic import write_synthetic_run
 
+    version = schema_version or layout.SCHEMA_VERSION
     diverge_at = (min(DIVERGE_AT[0], steps // 2), min(DIVERGE_AT[1], sites // 2))
-    a, b = directory / f"a-{steps}x{sites}", directory / f"b-{steps}x{sites}"
+    folder = directory / f"{steps}x{sites}-v{version}"
+    a, b = folder / "a", folder / "b"
     for path, kwargs in ((a, {}), (b, {"diverge_at": diverge_at})):
         if not (path / "run.zarr" / "zarr.json").is_file():
             start = time.perf_counter()
-            write_synthetic_run(path, steps=steps, sites=sites, seed=0, **kwargs)  # type: ignore[arg-type]
-            print(f"wrote {path} in {time.perf_counter() - start:.1f} s", flush=True)
+            write_synthetic_run(path, steps=steps, sites=sites, seed=0, schema_version=version,
+                                **kwargs)  # type: ignore[arg-type]
+            print(f"wrote {path} (schema {version}) in {time.perf_counter() - start:.1f} s", flush=True)
     return a, b, diverge_at
 
 

@@ -1,8 +1,13 @@
-"""Update latency of the widgets on a 10,000-step x 1,000-site pair of runs.
+"""Update latency and memory of the widgets on a 10,000-step x 1,000-site pair of runs, store layouts side by side.
 
     python benchmarks/widget_latency.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
+                                        [--schemas 2 3]
 
-Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py``. Times the
+Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py`` in each store layout
+(``--schemas``: 2, every statistic of 64 steps in one chunk; 3, one statistic per chunk), and measures each
+in a fresh process of its own, one after the other, then prints them side by side. Memory: the process's
+resident memory after the widgets' imports, after opening the explorer and its background work, and at the
+end of the interactions below (the explorer's session alone; the other widgets follow). Times the
 Python side of each interaction (filters, binning, figure build, FigureWidget update;
 median of ``--repeats``); the browser's own rendering is not included. Each widget reads
 every statistic of its runs in the background once it is open (``Workspace.preload``), then
@@ -17,7 +22,11 @@ and median of the repeats).
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,59 +42,116 @@ def timed(action: Callable[[], None], explorer, repeats: int) -> float:  # type:
     return statistics.median(samples)
 
 
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+ROWS: list[tuple[str, float, float | None]] = []
+"""(what, first or only, median of the later ones or None): what a measuring process prints as JSON."""
+
+
+def row(label: str, first: float, later: float | None = None) -> None:
+    ROWS.append((label, first, later))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--sites", type=int, default=1_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--schemas", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)  # a measuring process, of this schema
     args = parser.parse_args()
-    a, b, _ = ensure_pair(args.dir, args.steps, args.sites)
+    if args.measure is None:
+        compare_layouts(args)
+        return
+    measure(args)
+    sys.stdout.write(json.dumps(ROWS) + "\n")
 
+
+def compare_layouts(args: argparse.Namespace) -> None:
+    for schema in args.schemas:
+        ensure_pair(args.dir, args.steps, args.sites, schema)
+    results = {}
+    for schema in args.schemas:
+        command = [sys.executable, __file__, "--dir", str(args.dir), "--steps", str(args.steps), "--sites",
+                   str(args.sites), "--repeats", str(args.repeats), "--measure", str(schema)]
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        results[schema] = json.loads(done.stdout.strip().splitlines()[-1])
+    labels = [row[0] for row in results[args.schemas[0]]]
+    header = "".join(f"{'schema ' + str(s):>22}" for s in args.schemas)
+    sys.stdout.write(f"{args.steps} steps x {args.sites} sites; each schema measured in a process of its own "
+                     f"(first, then median of {args.repeats} later changes where two figures)\n")
+    sys.stdout.write(f"{'':<58}{header}\n")
+    for i, label in enumerate(labels):
+        cells = []
+        for s in args.schemas:
+            _, first, later = results[s][i]
+            unit = "MB" if label.startswith("memory") else "ms"
+            scale = 1 if unit == "MB" else 1000
+            cell = f"{scale * first:.0f}" + (f" / {scale * later:.0f}" if later is not None else "") + f" {unit}"
+            cells.append(f"{cell:>22}")
+        sys.stdout.write(f"{label:<58}{''.join(cells)}\n")
+
+
+def measure(args: argparse.Namespace) -> None:
+    a, b, _ = ensure_pair(args.dir, args.steps, args.sites, args.measure)
     start = time.perf_counter()
     import plotly.graph_objects as go
 
     go.FigureWidget  # noqa: B018 - imported on first use: plotly's widget module and what it imports
     from workbench.widgets.explorer import DivergenceExplorer
-    print(f"import the widgets (once per kernel): {time.perf_counter() - start:.2f} s")
+    row("import the widgets (once per kernel)", time.perf_counter() - start)
+    imported = rss_mb()
+    row("memory: the process once the widgets are imported (MB)", imported)
 
+    site = explorer_session(DivergenceExplorer, a, b, args, imported)
+    gc.collect()  # the explorer is gone: the other widgets start from the imports' memory
+    other_widgets(a, b, site, args)
+
+
+def explorer_session(explorer_class: type, a: Path, b: Path, args: argparse.Namespace, imported: float) -> str:
+    """Open the explorer and change each control; the site it clicked."""
     start = time.perf_counter()
-    explorer = DivergenceExplorer(a.parent, reference=a.name, other=b.name)
-    print(f"open the folder and show the first heatmap: {time.perf_counter() - start:.2f} s")
-    waited = time.perf_counter()
+    explorer = explorer_class(a.parent, reference=a.name, other=b.name)
+    row("explorer: open the folder and show the first heatmap", time.perf_counter() - start)
     explorer.workspace.preloaded()  # type: ignore[union-attr]
-    print(f"every statistic read, and the other statistics' views computed, in the background "
-          f"{time.perf_counter() - start:.2f} s after opening "
-          f"(waited {time.perf_counter() - waited:.2f} s more)")
-    rows = []
+    row("explorer: background reads and views done after opening", time.perf_counter() - start)
+    row("memory: explorer opened, background done (+MB per run)", (rss_mb() - imported) / 2)
     start = time.perf_counter()
     explorer.stat.value = "max"
-    rows.append(("statistic, first time (read ahead in the background)", time.perf_counter() - start))
+    row("explorer: a statistic not shown before", time.perf_counter() - start)
+    start = time.perf_counter()
+    explorer.stat.value = "absmax"
+    row("explorer: another statistic not shown before", time.perf_counter() - start)
     stats = iter(["l2", "max"] * args.repeats)
-    rows.append(("statistic, cached", timed(lambda: setattr(explorer.stat, "value", next(stats)), explorer,
-                                            args.repeats)))
+    row("explorer: statistic, back and forth", timed(lambda: setattr(explorer.stat, "value", next(stats)),
+                                                      explorer, args.repeats))
     globs = iter(["*mlp*", "*"] * args.repeats)
-    rows.append(("site glob", timed(lambda: setattr(explorer.site_glob, "value", next(globs)), explorer,
-                                    args.repeats)))
+    row("explorer: site glob", timed(lambda: setattr(explorer.site_glob, "value", next(globs)), explorer,
+                                     args.repeats))
     kinds = iter([("act", "grad"), tuple(explorer.kinds.options)] * args.repeats)
-    rows.append(("kinds", timed(lambda: setattr(explorer.kinds, "value", next(kinds)), explorer, args.repeats)))
+    row("explorer: kinds", timed(lambda: setattr(explorer.kinds, "value", next(kinds)), explorer, args.repeats))
     top = explorer.layers.max
     layers = iter([(2, 5), (0, top)] * args.repeats)
-    rows.append(("layer range", timed(lambda: setattr(explorer.layers, "value", next(layers)), explorer,
-                                      args.repeats)))
+    row("explorer: layer range", timed(lambda: setattr(explorer.layers, "value", next(layers)), explorer,
+                                       args.repeats))
     steps = iter([(3_000, 6_000), (0, args.steps - 1)] * args.repeats)
-    rows.append(("step range", timed(lambda: setattr(explorer.steps, "value", next(steps)), explorer, args.repeats)))
+    row("explorer: step range", timed(lambda: setattr(explorer.steps, "value", next(steps)), explorer,
+                                      args.repeats))
     site = explorer.workspace.records(a.name).sites[500]  # type: ignore[union-attr]
     clicks = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         explorer.show_site(site, 5_000)
         clicks.append(time.perf_counter() - start)
-    rows.append(("click a cell (site trajectories)", statistics.median(clicks)))
-    print(f"\n{args.steps} steps x {args.sites} sites, median of {args.repeats} (Python side):")
-    for label, seconds in rows:
-        print(f"  {label:<48} {1000 * seconds:8.0f} ms")
-    other_widgets(a, b, site, args)
+    row("explorer: click a cell (site trajectories)", statistics.median(clicks))
+    row("memory: the explorer's session at its end (+MB per run)", (rss_mb() - imported) / 2)
+    return str(site)
 
 
 def changes(control, values: list, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def, type-arg]
@@ -104,40 +170,38 @@ def other_widgets(a: Path, b: Path, site: str, args: argparse.Namespace) -> None
     from workbench.widgets.pairs import PairMatrixWidget
     from workbench.widgets.trajectories import SITE_STATISTIC, TrajectoryWidget
 
-    rows: list[tuple[str, float, float | None]] = []
     for label, make in (("trajectories", lambda: TrajectoryWidget(a.parent, runs=[a.name, b.name])),
                         ("ladder", lambda: LadderWidget(a.parent, runs=[b.name])),
                         ("cost", lambda: CostWidget(a.parent)),
                         ("pair matrix", lambda: PairMatrixWidget(a.parent))):
+        gc.collect()
+        held = rss_mb()
         start = time.perf_counter()
         widget = make()
-        rows.append((f"{label}: open", time.perf_counter() - start, None))
+        row(f"{label}: open", time.perf_counter() - start)
         if getattr(widget, "workspace", None) is not None:
             widget.workspace.preloaded()
-            rows.append((f"{label}: background work done after opening", time.perf_counter() - start, None))
+            row(f"{label}: background work done after opening", time.perf_counter() - start)
+            row(f"memory: {label} opened, background done (+MB per run)", (rss_mb() - held) / 2)
         if label == "trajectories":
-            rows.append(("trajectories: quantity -> site statistic",
-                         *changes(widget.quantity, [SITE_STATISTIC, "loss"], args.repeats)))
+            row("trajectories: quantity -> site statistic",
+                         *changes(widget.quantity, [SITE_STATISTIC, "loss"], args.repeats))
             widget.quantity.value = SITE_STATISTIC
             other = widget.site.options[len(widget.site.options) // 3]
-            rows.append(("trajectories: site", *changes(widget.site, [site, other], args.repeats)))
-            rows.append(("trajectories: statistic", *changes(widget.stat, ["max", "l2"], args.repeats)))
-            rows.append(("trajectories: relative difference",
-                         *changes(widget.difference, ["relative", "absolute"], args.repeats)))
-            rows.append(("trajectories: step range",
-                         *changes(widget.steps, [(3_000, 6_000), (0, args.steps - 1)], args.repeats)))
+            row("trajectories: site", *changes(widget.site, [site, other], args.repeats))
+            row("trajectories: statistic", *changes(widget.stat, ["max", "l2"], args.repeats))
+            row("trajectories: relative difference",
+                         *changes(widget.difference, ["relative", "absolute"], args.repeats))
+            row("trajectories: step range",
+                         *changes(widget.steps, [(3_000, 6_000), (0, args.steps - 1)], args.repeats))
         elif label == "ladder":
-            rows.append(("ladder: statistic", *changes(widget.stat, ["max", "l2"], args.repeats)))
+            row("ladder: statistic", *changes(widget.stat, ["max", "l2"], args.repeats))
             top = widget.layers.max
-            rows.append(("ladder: layer range", *changes(widget.layers, [(2, 5), (0, top)], args.repeats)))
+            row("ladder: layer range", *changes(widget.layers, [(2, 5), (0, top)], args.repeats))
         elif label == "cost":
-            rows.append(("cost: warm-up", *changes(widget.warmup, [5, 2], args.repeats)))
-            rows.append(("cost: interval", *changes(widget.interval, [90.0, 95.0], args.repeats)))
-    print(f"\nother widgets, {args.steps} steps x {args.sites} sites (wall time; first change, then the median "
-          f"of {args.repeats}):")
-    for label, first, later in rows:
-        median = f"{1000 * later:8.0f} ms" if later is not None else ""
-        print(f"  {label:<48} {1000 * first:8.0f} ms {median}")
+            row("cost: warm-up", *changes(widget.warmup, [5, 2], args.repeats))
+            row("cost: interval", *changes(widget.interval, [90.0, 95.0], args.repeats))
+        del widget
 
 
 if __name__ == "__main__":

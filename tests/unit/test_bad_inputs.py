@@ -258,7 +258,7 @@ _NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
 
 FIELDS: dict[tuple[str | int, ...], st.SearchStrategy[Any]] = {
     ("kind",): _other_than("str") | st.text(max_size=14).filter(lambda s: s != "workbench.run") | st.just(_DELETE),
-    ("schema_version",): _whole_number(1, 2, optional=False),  # 1 and 2 are the schemas this workbench reads
+    ("schema_version",): _whole_number(1, 3, optional=False),  # 1, 2 and 3 are the schemas this workbench reads
     ("run_id",): _text(optional=False) | st.just(_DELETE),
     ("name",): _text(optional=False) | st.just(_DELETE),
     ("producer",): _text(optional=False),  # absent is valid (a schema v1 store); None is not

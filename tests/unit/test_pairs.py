@@ -11,6 +11,7 @@ import pytest
 
 from workbench.errors import ArgumentError
 from workbench.figures.pairs import pairs_figure
+from workbench.store import layout
 from workbench.store.synthetic import write_synthetic_run
 from workbench.studies.workspace import Workspace
 
@@ -84,7 +85,7 @@ def test_a_paper_sized_figure_has_print_fonts_no_title_and_the_footer_wrapped(fo
         assert paper.layout.font.size == round(points * PX_PER_IN / 72, 1)
         assert paper.layout.title.text is None
         footer = next(a for a in paper.layout.annotations if a.name == "provenance")
-        assert "schema v2" in footer.text and "<br>" in footer.text
+        assert f"schema v{layout.SCHEMA_VERSION}" in footer.text and "<br>" in footer.text
     assert fig.layout.width != for_paper(fig, "column").layout.width  # a copy: the original is unchanged
     with pytest.raises(ArgumentError, match="one of column, page"):
         for_paper(fig, "poster")

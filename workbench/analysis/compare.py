@@ -75,6 +75,10 @@ class Comparison:
             self._relative[stat] = rel.load()
         return self._relative[stat]
 
+    def forget(self, stat: str) -> None:
+        """Drop the relative difference of ``stat`` that ``relative`` keeps (computed again when asked for)."""
+        self._relative.pop(stat, None)
+
     def relative_bytes(self) -> int:
         """Memory held by the relative differences ``relative`` computed so far."""
         return sum(int(r.nbytes) for r in list(self._relative.values()))

@@ -18,11 +18,12 @@
     workbench anomalies RUN [--spike-factor F] [--window N] [--follow]
     workbench replay RUN --step K [--out DIR] [--trace] [--overwrite] [--json]
     workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
+    workbench upgrade RUN... [--dry-run]
 
 The verbs live by what they do: ``training`` (run, sweep, demo), ``reading`` (ls, summary, compare, check,
 golden, resume-check, anomalies), ``figures`` (figure, report), ``importing`` (import-te, import-megatron),
-``investigating`` (replay, bisect); what they share is in ``_common``. A verb builds config objects, calls
-library functions and prints the result's own ``summary()``. A ``WorkbenchError`` is
+``investigating`` (replay, bisect), ``stores`` (upgrade); what they share is in ``_common``. A verb builds
+config objects, calls library functions and prints the result's own ``summary()``. A ``WorkbenchError`` is
 printed as one line (``workbench: error: ...``) with exit code 2; a failed run exits 1. So is a
 bad argument: numbers outside their range and output paths that cannot be written are refused
 while parsing, before any work starts. Names from run stores are printed with their control
@@ -34,7 +35,7 @@ from __future__ import annotations
 import os
 import sys
 
-from workbench.cli import figures, importing, investigating, reading, training
+from workbench.cli import figures, importing, investigating, reading, stores, training
 from workbench.cli._common import Parser, ProgressPrinter, terminal_safe
 from workbench.errors import LaunchError, WorkbenchError
 
@@ -44,7 +45,7 @@ __all__ = ["ProgressPrinter", "build_parser", "main", "terminal_safe"]
 def build_parser() -> Parser:
     parser = Parser(prog="workbench", description="Divergence workbench for Megatron Core.")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    for group in (training, reading, figures, importing, investigating):
+    for group in (training, reading, figures, importing, investigating, stores):
         group.register(verbs)
     return parser
 

@@ -51,7 +51,7 @@ from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, parameter_targets
 from workbench.sites import SiteFilter, site_matcher
-from workbench.store.writer import BackgroundWriter, contiguous_ranges, write_site_rows
+from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
 
 
 class Recorder:
@@ -65,6 +65,7 @@ class Recorder:
         chunks = list(chunks)
         self._optimizer = optimizer
         self._run_dir = Path(run_dir)
+        self._site_writer: SiteWriter | None = None
         ranks = ParallelRanks.current()
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._flush_every = flush_every
@@ -191,8 +192,14 @@ class Recorder:
             for first, stop in contiguous_ranges(rows):
                 block = slice(position, position + stop - first)
                 position += stop - first
-                self._background().submit(functools.partial(write_site_rows, self._run_dir, first, stats[block],
+                self._background().submit(functools.partial(self._write_rows, first, stats[block],
                                                             fingerprints[block]))
+
+    def _write_rows(self, first: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
+        """On the writer thread: the rows of one flush (the sites group is opened at the first)."""
+        if self._site_writer is None:
+            self._site_writer = SiteWriter(self._run_dir)
+        self._site_writer.write(first, stats, fingerprints)
 
     def _background(self) -> BackgroundWriter:
         if self._writer is None:

@@ -56,8 +56,10 @@ def synthetic_sites(count: int) -> list[SiteInfo]:
 
 def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: int = 0,
                         diverge_at: tuple[int, int] | None = None, initial_difference: float = 1e-7,
-                        growth: float = 0.01, name: str | None = None) -> Path:
-    """Write one synthetic run store (see the module docstring); returns its folder."""
+                        growth: float = 0.01, name: str | None = None,
+                        schema_version: int = layout.SCHEMA_VERSION) -> Path:
+    """Write one synthetic run store (see the module docstring) in the layout of ``schema_version``; returns its
+    folder."""
     if steps < 1 or sites < 1:
         raise ArgumentError(f"steps and sites must be >= 1, got steps={steps}, sites={sites}")
     if diverge_at is not None and not (0 <= diverge_at[0] < steps and 0 <= diverge_at[1] < sites):
@@ -67,7 +69,7 @@ def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: in
     manifest = runner_manifest(cfg, producer="synthetic",
                                synthetic={"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
                                           "initial_difference": initial_difference, "growth": growth})
-    create_store(run_dir, manifest, steps)
+    create_store(run_dir, manifest, steps, schema_version=schema_version)
     site_infos = synthetic_sites(sites)
     create_sites_group(run_dir, list(range(steps)), site_infos)
 

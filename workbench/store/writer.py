@@ -26,17 +26,19 @@ from workbench.store import layout
 from workbench.store.manifest import now
 
 
-def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr.Group:
-    """Create (overwriting) the store of a run with ``steps`` preallocated rows.
+def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int, *,
+                 schema_version: int = layout.SCHEMA_VERSION) -> zarr.Group:
+    """Create (overwriting) the store of a run with ``steps`` preallocated rows (``schema_version``: an older
+    layout, for benchmarks and tests that compare the layouts).
 
     The store is built beside its place and moved there whole, so a reader sees either no
     store or a complete one, never a half-made group.
     """
     paths = layout.RunPaths(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    staging = _staging(run_dir, paths.store)
+    staging = staging_folder(run_dir, paths.store)
     root = zarr.open_group(staging, mode="w", zarr_format=3)
-    root.attrs.update({"kind": layout.STORE_KIND, "schema_version": layout.SCHEMA_VERSION, "steps_planned": steps,
+    root.attrs.update({"kind": layout.STORE_KIND, "schema_version": schema_version, "steps_planned": steps,
                        layout.EVERY_CHUNK_WRITTEN: True, **manifest})
     scalars = root.create_group(layout.SCALARS_GROUP)
     dims = [layout.STEP_DIM]
@@ -50,7 +52,7 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int) -> zarr
                              dimension_names=dims)
     _array(scalars, layout.DONE_FIELD, shape=(steps,), chunks=chunks, dtype="int8", fill_value=0,
                          dimension_names=dims)
-    _move_into_place(staging, paths.store)
+    move_into_place(staging, paths.store)
     return zarr.open_group(paths.store, mode="r+")
 
 
@@ -67,7 +69,7 @@ def _writable(group: zarr.Group, name: str) -> zarr.Array:
         return layout.array(group, name)
 
 
-def _staging(run_dir: Path, final: Path) -> Path:
+def staging_folder(run_dir: Path, final: Path) -> Path:
     """A fresh folder in ``run_dir`` for building ``final`` (same filesystem, so the move is one rename;
     outside the store, so no reader lists it as a member)."""
     staging = run_dir / f".{final.name}.creating-{os.getpid()}"
@@ -76,7 +78,7 @@ def _staging(run_dir: Path, final: Path) -> Path:
     return staging
 
 
-def _move_into_place(staging: Path, final: Path) -> None:
+def move_into_place(staging: Path, final: Path) -> None:
     """Rename ``staging`` to ``final``; an existing ``final`` is moved aside first and then deleted."""
     old = None
     if final.exists():
@@ -216,10 +218,18 @@ class SiteInfo:
 
 def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -> None:
     """Create (replacing) the ``sites`` group for the recorded ``steps`` and ``sites`` (in execution
-    order); like the store, it is built aside and appears whole."""
+    order), in the layout of the store's schema version; like the store, it is built aside and appears whole."""
     final = layout.RunPaths(run_dir).store / layout.SITES_GROUP
-    staging = _staging(Path(run_dir), final)
-    group = zarr.open_group(staging, mode="w", zarr_format=3)  # moved into the store once complete
+    version = zarr.open_group(final.parent, mode="r").attrs.get("schema_version", layout.SCHEMA_VERSION)
+    staging = staging_folder(Path(run_dir), final)
+    build_sites_group(staging, steps, sites, version if isinstance(version, int) else layout.SCHEMA_VERSION)
+    move_into_place(staging, final)
+
+
+def build_sites_group(folder: Path, steps: list[int], sites: list[SiteInfo], schema_version: int) -> None:
+    """Write an empty ``sites`` group at ``folder`` (coordinates and site metadata filled, rows to come) in
+    the layout of ``schema_version`` (``layout.site_chunking``)."""
+    group = zarr.open_group(folder, mode="w", zarr_format=3)
     n_steps, n_sites, n_stats = len(steps), len(sites), len(STAT_NAMES)
     step_chunk = max(1, min(layout.SITE_STEP_CHUNK, n_steps))
 
@@ -235,22 +245,62 @@ def create_sites_group(run_dir: Path, steps: list[int], sites: list[SiteInfo]) -
         values = np.array([getattr(s, field) for s in sites], dtype=object if dtype == "str" else dtype)
         coordinate(field, values, dtype, layout.SITE_DIM)
     _array(group, layout.STATS_ARRAY, shape=(n_steps, n_sites, n_stats), dtype="float64", fill_value=np.nan,
-                       chunks=(step_chunk, n_sites, n_stats),
-                       dimension_names=[layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM])
+           **layout.site_chunking(schema_version, n_steps, n_sites, n_stats),
+           dimension_names=[layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM])
     _array(group, layout.FINGERPRINT_ARRAY, shape=(n_steps, n_sites), dtype="uint64", fill_value=0,
                        chunks=(step_chunk, n_sites), dimension_names=[layout.STEP_DIM, layout.SITE_DIM])
-    _array(group, layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(step_chunk,),
+    done_chunk = step_chunk if schema_version < layout.SHARDED_SINCE else max(1, min(layout.DONE_CHUNK, n_steps))
+    _array(group, layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(done_chunk,),
                        dimension_names=[layout.STEP_DIM])
-    _move_into_place(staging, final)
+
+
+class SiteWriter:
+    """Writes recorded-step rows into a run's ``sites`` group, the arrays opened once.
+
+    Where ``stats`` is sharded (schema 3), a shard is always written whole: the rows of the shard being
+    filled stay in memory (read back from the store once, should it already hold some) and each write
+    encodes that shard from them, never reading and decoding it again. A partial write of a shard
+    would read, decode and re-encode all of it on every flush.
+    """
+
+    def __init__(self, group: Path | zarr.Group) -> None:
+        if not isinstance(group, zarr.Group):
+            group = layout.subgroup(zarr.open_group(layout.RunPaths(group).store, mode="r+"), layout.SITES_GROUP)
+        self._stats = _writable(group, layout.STATS_ARRAY)
+        self._fingerprints = _writable(group, layout.FINGERPRINT_ARRAY)
+        self._done = _writable(group, layout.DONE_FIELD)
+        self._sharded = self._stats.shards is not None
+        self._rows = layout.file_chunks(self._stats)[0]
+        self._shard: tuple[int, np.ndarray] | None = None  # (first row, rows) of the shard being filled
+
+    def write(self, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
+        """Rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64), then their done flags."""
+        rows = slice(first_row, first_row + stats.shape[0])
+        if self._sharded:
+            self._write_shards(first_row, stats)
+        else:
+            self._stats[rows] = stats
+        self._fingerprints[rows] = fingerprints
+        self._done[rows] = 1
+
+    def _write_shards(self, first_row: int, stats: np.ndarray) -> None:
+        stop, total = first_row + stats.shape[0], self._stats.shape[0]
+        for start in range(first_row - first_row % self._rows, stop, self._rows):
+            end = min(start + self._rows, total)
+            lo, hi = max(start, first_row), min(end, stop)
+            if lo == start and hi == end:  # the whole shard
+                self._stats[start:end] = stats[lo - first_row:hi - first_row]
+                continue
+            if self._shard is None or self._shard[0] != start:
+                self._shard = (start, layout.read(self._stats, slice(start, end)))
+            shard = self._shard[1]
+            shard[lo - start:hi - start] = stats[lo - first_row:hi - first_row]
+            self._stats[start:end] = shard
 
 
 def write_site_rows(run_dir: Path, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
-    """Write recorded-step rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64)."""
-    group = layout.subgroup(zarr.open_group(layout.RunPaths(run_dir).store, mode="r+"), layout.SITES_GROUP)
-    rows = slice(first_row, first_row + stats.shape[0])
-    _writable(group, layout.STATS_ARRAY)[rows] = stats
-    _writable(group, layout.FINGERPRINT_ARRAY)[rows] = fingerprints
-    _writable(group, layout.DONE_FIELD)[rows] = 1
+    """Write recorded-step rows ``first_row ..`` once (``SiteWriter`` for a writer that flushes repeatedly)."""
+    SiteWriter(run_dir).write(first_row, stats, fingerprints)
 
 
 def create_snapshot(run_dir: Path, path: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str,

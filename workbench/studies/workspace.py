@@ -51,6 +51,10 @@ DEMO_RUNS = Path("data/runs/demo")
 PRELOAD_ENV = "WORKBENCH_PRELOAD_MB"
 DEFAULT_PRELOAD_MB = 2048
 """How much memory ``Workspace.preload`` may fill with statistics read ahead in the background."""
+KEPT_STATISTICS = 2
+"""Statistics kept in memory per run whose store reads one statistic at a time (schema 3): the one shown and
+the one before it. Asking for a third drops the oldest, with the relative differences computed from it (read
+again when asked for: a statistic reads on its own)."""
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -79,6 +83,8 @@ class Workspace:
         self._scalars: dict[str, pd.DataFrame] = {}
         self._anomalies: dict[tuple[str, AnomalyRules], pd.DataFrame] = {}
         self._ladders: dict[tuple[str, tuple[str, ...], str, bool], Ladder] = {}
+        self._recent: dict[str, list[str]] = {}
+        """Per run that reads statistics apart: the statistics in ``_stat_values``, oldest first."""
         self._loading: dict[str, threading.Thread] = {}
         self._ahead: list[threading.Thread] = []
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
@@ -287,23 +293,43 @@ class Workspace:
         return _envelope(self.scalar(column, names)) if names else None
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
-        """One statistic of every site and step of a run, in memory (step, site); cached. One not read yet
-        is read now (a figure does not wait for every statistic: reading them all takes ~3x longer), unless
-        the background read of them all (``preload``) is under way: each chunk holds every statistic, so a
-        second read beside it would only slow both down."""
+        """One statistic of every site and step of a run, in memory (step, site); cached (the latest
+        ``KEPT_STATISTICS`` of a run that reads statistics apart, ``Run.reads_statistics_apart``). One not
+        read yet is read now, unless the background read of them all (``preload``, for older stores) is under
+        way: each chunk of such a store holds every statistic, so a second read beside it would only slow
+        both down."""
         loading = self._loading.get(name)
         if loading is not None:
             loading.join()
         # not preloaded, or the background read failed: read it now
-        return self._cached(self._stat_values, (name, stat), lambda: self.records(name).stats.sel(stat=stat).load())
+        values = self._cached(self._stat_values, (name, stat), lambda: self.runs[name].statistic(stat))
+        if self.runs[name].reads_statistics_apart:
+            self._keep_recent(name, stat)
+        return values
+
+    def _keep_recent(self, name: str, stat: str) -> None:
+        """Mark ``stat`` of ``name`` the latest used; drop the statistics beyond ``KEPT_STATISTICS``, and the
+        relative differences computed from them."""
+        with self._lock:
+            recent = self._recent.setdefault(name, [])
+            if stat in recent:
+                recent.remove(stat)
+            recent.append(stat)
+            while len(recent) > KEPT_STATISTICS:
+                old = recent.pop(0)
+                self._stat_values.pop((name, old), None)
+                for pair, comparison in self._comparisons.items():
+                    if name in pair:
+                        comparison.forget(old)
 
     def preload(self, names: Iterable[str]) -> list[str]:
         """Read every statistic of the recorded runs among ``names`` into memory in the background, one pass
-        over each store (each chunk holds all statistics, so reading one costs as much as reading all), while
-        they fit in ``$WORKBENCH_PRELOAD_MB`` (default 2048 MiB) together; returns the runs being read."""
+        over each store, while they fit in ``$WORKBENCH_PRELOAD_MB`` (default 2048 MiB) together; returns the
+        runs being read. Only for stores that keep every statistic in one chunk (schemas 1 and 2), where reading
+        one costs as much as reading all; a store that reads one statistic at a time is read when asked."""
         started = []
         for name in dict.fromkeys(names):
-            if name in self._loading or name not in self.recorded:
+            if name in self._loading or name not in self.recorded or self.runs[name].reads_statistics_apart:
                 continue
             size = self.runs[name].stats_nbytes  # from the store's metadata: the records are read in the thread
             if size > self._preload_bytes:

@@ -30,7 +30,7 @@ from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
-from workbench.studies.workspace import Workspace, runs_dir
+from workbench.studies.workspace import KEPT_STATISTICS, Workspace, runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
 
 Key = tuple[str, str, str]
@@ -99,9 +99,9 @@ class DivergenceExplorer(WorkbenchWidget):
         self.update(reset_ranges=True)
         # then every statistic, in the background (after the first heatmap, so as not to slow it down), and
         # the other statistics' matrices of this pair
-        workspace.preload([reference, first_other])
-        workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, (reference, first_other, stat))
-                              for stat in self.stat.options if stat != self.stat.value])
+        if workspace.preload([reference, first_other]):  # stores that read one statistic at a time need neither
+            workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, (reference, first_other, stat))
+                                  for stat in self.stat.options if stat != self.stat.value])
 
     def _matrix(self) -> pd.DataFrame:
         """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""
@@ -219,7 +219,11 @@ def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key
     """Compute the heatmap matrix of ``key`` (reference, other, statistic) into ``matrices`` unless it is there;
     the bytes it holds (0 when it was there; ``Workspace.read_ahead`` counts the relative difference's)."""
     if key in matrices:
+        matrices[key] = matrices.pop(key)  # the latest used last
         return 0
     relative = workspace.relative_difference(*key)
     matrices[key] = matrix = heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], relative=relative)
+    if all(workspace.runs[name].reads_statistics_apart for name in key[:2]):
+        for old in list(matrices)[:-KEPT_STATISTICS]:  # as many as the workspace keeps statistics
+            del matrices[old]
     return int(matrix.to_numpy().nbytes)

@@ -1,0 +1,164 @@
+"""Schema 3: statistics kept apart in shards; older stores read the same, and upgrade in place."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from workbench.cli import main
+from workbench.errors import ArgumentError, DamagedStoreError
+from workbench.statistics import STAT_NAMES
+from workbench.store import layout, upgrade
+from workbench.store.reader import open_run
+from workbench.store.synthetic import synthetic_sites, write_synthetic_run
+from workbench.store.upgrade import upgrade_plan, upgrade_store
+from workbench.store.writer import SiteWriter, create_sites_group, create_store, set_status, update_manifest
+from workbench.studies.workspace import KEPT_STATISTICS, Workspace
+
+STEPS, SITES = 150, 600  # three shards, the last one partly filled; one statistic per chunk from 512 sites on
+
+
+@pytest.mark.parametrize(("sites", "per_chunk"), [(1000, 1), (600, 1), (300, 2), (100, 6), (12, 12)])
+def test_schema_3_puts_as_few_statistics_in_a_chunk_as_keep_it_large(sites: int, per_chunk: int) -> None:
+    chunking = layout.site_chunking(3, 10_000, sites, 12)
+    assert chunking == {"chunks": (64, sites, per_chunk), "shards": (64, sites, 12)}
+    assert layout.site_chunking(2, 10_000, sites, 12) == {"chunks": (64, sites, 12)}
+
+
+def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    old = write_synthetic_run(tmp_path / "v2" / "a", steps=STEPS, sites=SITES, seed=4, schema_version=2)
+    new = write_synthetic_run(tmp_path / "v3" / "a", steps=STEPS, sites=SITES, seed=4)
+    return old, new
+
+
+def _same_records(a: Path, b: Path) -> None:
+    ra, rb = open_run(a), open_run(b)
+    assert ra.fingerprints().equals(rb.fingerprints())
+    np.testing.assert_array_equal(ra.records().stats.load(), rb.records().stats.load())
+    for stat in ("l2", "max", STAT_NAMES[-1]):
+        assert ra.stat(stat).equals(rb.stat(stat))
+        np.testing.assert_array_equal(ra.statistic(stat), rb.statistic(stat))
+    assert ra.site_table().equals(rb.site_table())
+    assert ra.recorded_steps_completed == rb.recorded_steps_completed
+    np.testing.assert_array_equal(ra.sites()["stats"].to_numpy(), rb.sites()["stats"].to_numpy())
+
+
+def test_a_v2_store_reads_the_same_as_the_v3_store_of_the_same_run(tmp_path: Path) -> None:
+    old, new = _pair(tmp_path)
+    assert open_run(old).attrs["schema_version"] == 2 and not open_run(old).reads_statistics_apart
+    assert open_run(new).attrs["schema_version"] == 3 and open_run(new).reads_statistics_apart
+    stats = zarr.open_array(layout.RunPaths(new).store / "sites" / "stats", mode="r")
+    assert stats.chunks == (64, SITES, 1) and stats.shards == (64, SITES, 12)
+    files = [p for p in (layout.RunPaths(new).store / "sites" / "stats" / "c").rglob("*") if p.is_file()]
+    assert len(files) == 3  # one file per 64 recorded steps, as in schema 2
+    _same_records(old, new)
+
+
+def test_the_writer_gives_the_same_store_flush_by_flush_and_after_reopening(tmp_path: Path) -> None:
+    _, whole = _pair(tmp_path)
+    reference = open_run(whole)
+    stats = reference.records().stats.load().to_numpy()
+    fingerprints = reference.fingerprints().to_numpy()
+    run_dir = tmp_path / "flushed"
+    create_store(run_dir, dict(reference.attrs), STEPS)
+    create_sites_group(run_dir, list(range(STEPS)), synthetic_sites(SITES))
+    writer = SiteWriter(run_dir)
+    for first in range(0, 98, 7):  # flushes of 7 steps (rows 0-97), across the shards' bounds
+        writer.write(first, stats[first:first + 7], fingerprints[first:first + 7])
+    writer = SiteWriter(run_dir)  # a resumed writer, in the middle of a shard
+    for first in range(105, STEPS, 5):
+        writer.write(first, stats[first:first + 5], fingerprints[first:first + 5])
+    run = open_run(run_dir)
+    assert run.recorded_steps_completed == 98  # rows 105.. are written too: 98 is the first gap
+    writer.write(98, stats[98:105], fingerprints[98:105])
+    _same_records(run_dir, whole)
+
+
+def test_a_deleted_or_truncated_shard_of_a_written_row_is_damage(tmp_path: Path) -> None:
+    _, run_dir = _pair(tmp_path)
+    shard = layout.RunPaths(run_dir).store / "sites" / "stats" / "c" / "1" / "0" / "0"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DamagedStoreError, match="sites/stats: a chunk cannot be read"):
+        open_run(run_dir).statistic("l2")
+    shard.unlink()
+    with pytest.raises(DamagedStoreError, match=r"sites/stats: the chunk of rows 64-127 is missing"):
+        open_run(run_dir).statistic("l2")
+    with pytest.raises(DamagedStoreError, match=r"rows 64-127 is missing"):
+        open_run(run_dir).records()
+
+
+def test_upgrade_rewrites_a_v2_store_in_place_and_it_reads_the_same(tmp_path: Path) -> None:
+    old, new = _pair(tmp_path)
+    before = open_run(old)
+    fingerprints, stats = before.fingerprints(), before.records().stats.load()
+    plan = upgrade_store(old)
+    assert plan.schema_version == 2 and plan.rewrite_bytes > STEPS * SITES * 8  # at least the fingerprints
+    after = open_run(old)
+    assert after.attrs["schema_version"] == 3 and after.attrs["upgraded"]["from_schema"] == 2
+    assert after.reads_statistics_apart
+    assert after.fingerprints().equals(fingerprints)
+    np.testing.assert_array_equal(after.records().stats.load(), stats)
+    _same_records(old, new)
+    assert not upgrade_plan(after).needed and upgrade_store(old).schema_version == 3  # nothing more to do
+    assert not [p for p in old.rglob(".*")]  # no staging folder left behind
+
+
+def test_upgrade_keeps_a_killed_runs_unwritten_rows_unwritten(tmp_path: Path) -> None:
+    source = open_run(write_synthetic_run(tmp_path / "full", steps=STEPS, sites=SITES, seed=2, schema_version=2))
+    run_dir = tmp_path / "killed"
+    create_store(run_dir, dict(source.attrs), STEPS, schema_version=2)
+    create_sites_group(run_dir, list(range(STEPS)), synthetic_sites(SITES))
+    stats, fingerprints = source.records().stats.load().to_numpy(), source.fingerprints().to_numpy()
+    SiteWriter(run_dir).write(0, stats[:70], fingerprints[:70])
+    set_status(run_dir, layout.Status.FAILED)
+    upgrade_store(run_dir)
+    run = open_run(run_dir)
+    assert run.recorded_steps_completed == 70
+    done = zarr.open_array(layout.RunPaths(run_dir).store / "sites" / "done", mode="r")[:]
+    assert done[:70].all() and not done[70:].any()
+    np.testing.assert_array_equal(run.statistic("l2").to_numpy(), source.statistic("l2").to_numpy()[:70])
+
+
+def test_upgrade_refuses_a_store_still_being_written_and_a_full_disk(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    old, _ = _pair(tmp_path)
+    update_manifest(old, status="running", launcher={"pid": os.getpid(), "host": socket.gethostname()})
+    assert main(["upgrade", str(old)]) == 2
+    assert "the run is running: its producer still writes the store" in capsys.readouterr().err
+    set_status(old, layout.Status.COMPLETE)
+
+    assert main(["upgrade", str(old), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "schema 2 -> 3; rewrites its per-site records (" in said and " MB free)" in said
+    assert open_run(old).attrs["schema_version"] == 2
+
+    monkeypatch.setattr(upgrade.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 10**9 - 1, 1))
+    with pytest.raises(ArgumentError, match="not enough room; free .* MB more on that filesystem"):
+        upgrade_store(old)
+    assert open_run(old).attrs["schema_version"] == 2 and not open_run(old).reads_statistics_apart
+
+
+def test_the_workspace_keeps_few_statistics_of_a_run_that_reads_them_apart(tmp_path: Path) -> None:
+    old, new = _pair(tmp_path)
+    write_synthetic_run(tmp_path / "v3" / "b", steps=STEPS, sites=SITES, seed=4, diverge_at=(20, 5))
+    ws = Workspace.open(tmp_path / "v3")
+    assert ws.preload(["a", "b"]) == []  # nothing to read ahead: a statistic reads on its own
+    shown = ["l2", "max", "min"]
+    for stat in shown:
+        expected = open_run(new).statistic(stat).to_numpy()
+        np.testing.assert_array_equal(ws.stat_values("a", stat).to_numpy(), expected)
+        ws.relative_difference("a", "b", stat)
+    kept = {stat for (name, stat) in ws._stat_values if name == "a"}
+    assert kept == set(shown[-KEPT_STATISTICS:])
+    assert ws.derived_bytes() == KEPT_STATISTICS * STEPS * SITES * 8  # the relative differences of those alone
+    assert ws.relative_difference("a", "b", "l2").sel(step=19).max() == 0  # read again: equal before step 20
+    older = Workspace.open(old.parent)
+    assert older.preload(["a"]) == ["a"]  # a v2 store still reads every statistic in one pass

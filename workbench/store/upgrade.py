@@ -1,0 +1,126 @@
+"""Upgrading a run store in place to the current schema (``workbench upgrade RUN``).
+
+    plan = upgrade_plan(open_run("data/runs/demo/det-r0"))   # what it rewrites, the space it needs
+    upgrade_store("data/runs/demo/det-r0", progress=print)
+
+Schema 3 keeps each statistic in a chunk of its own (``layout.site_chunking``): a store of schema 1 or
+2 reads the same, but every statistic it shows costs a read of all of them. The upgrade rewrites the
+``sites`` group beside the store's, row block by row block, values copied bit for bit (only the rows
+marked done: a killed run's unwritten rows stay unwritten), then moves it into place and records the
+new schema in the manifest. A reader sees the old group or the new one (two renames, the old one
+deleted after). Stores still being written are refused, and so is a disk without room for the copy.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from workbench.errors import ArgumentError
+from workbench.store import layout
+from workbench.store.manifest import now
+from workbench.store.reader import Run, open_run
+from workbench.store.writer import (
+    SiteInfo,
+    SiteWriter,
+    build_sites_group,
+    contiguous_ranges,
+    move_into_place,
+    staging_folder,
+    update_manifest,
+)
+
+_BLOCK = 8 * layout.SITE_STEP_CHUNK
+"""Recorded steps copied at once (whole shards of the new layout)."""
+_MARGIN = 1.05
+"""Room asked for beyond the size of the group being rewritten (the compressed sizes differ a little)."""
+_BUSY = (layout.Status.CREATED, layout.Status.RUNNING)
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    run_dir: Path
+    schema_version: int
+    rewrite_bytes: int
+    """Bytes of the ``sites`` group on disk: about what the rewritten copy takes beside it until the swap."""
+    free_bytes: int
+
+    @property
+    def needed(self) -> bool:
+        return self.schema_version < layout.SCHEMA_VERSION
+
+    def summary(self) -> str:
+        if not self.needed:
+            return f"{self.run_dir}: schema {self.schema_version}, already the current layout; nothing to do"
+        return (f"{self.run_dir}: schema {self.schema_version} -> {layout.SCHEMA_VERSION}; rewrites its per-site "
+                f"records ({_mb(self.rewrite_bytes)}) beside them, so needs {_mb(self.space_needed)} free "
+                f"({_mb(self.free_bytes)} free)")
+
+    @property
+    def space_needed(self) -> int:
+        return int(self.rewrite_bytes * _MARGIN)
+
+
+def upgrade_plan(run: Run) -> UpgradePlan:
+    """What upgrading ``run`` rewrites and the room it needs; ``ArgumentError`` for a store still being written."""
+    status = run.status
+    if status in _BUSY:
+        raise ArgumentError(f"{run.path}: the run is {status}: its producer still writes the store; upgrade it "
+                            "once the run has ended (or been stopped)")
+    version = int(run.attrs.get("schema_version", 1))
+    sites = run.paths.store / layout.SITES_GROUP
+    size = sum(f.stat().st_size for f in sites.rglob("*") if f.is_file()) if run.has_sites else 0
+    return UpgradePlan(run.path, version, size, shutil.disk_usage(run.path).free)
+
+
+def upgrade_store(path: str | Path, *, progress: Callable[[str], None] | None = None) -> UpgradePlan:
+    """Upgrade the run store at ``path`` in place (see the module docstring); its plan, as carried out."""
+    run = open_run(path)
+    plan = upgrade_plan(run)
+    if not plan.needed:
+        return plan
+    if plan.space_needed > plan.free_bytes:
+        raise ArgumentError(f"{plan.summary()}: not enough room; free {_mb(plan.space_needed - plan.free_bytes)} "
+                            "more on that filesystem")
+    if run.has_sites:
+        _rewrite_sites(run, progress or (lambda _: None))
+    update_manifest(run.path, schema_version=layout.SCHEMA_VERSION,
+                    upgraded={"from_schema": plan.schema_version, "at": now()})
+    return plan
+
+
+def _rewrite_sites(run: Run, progress: Callable[[str], None]) -> None:
+    source = layout.subgroup(zarr.open_group(run.paths.store, mode="r"), layout.SITES_GROUP)
+    table = run.site_table()  # every site array's shape checked against the others first
+    infos = [SiteInfo(site=str(site), kind=str(row["kind"]), name=str(row["name"]), layer=int(row["layer"]),
+                      order=int(row["order"]), shape=str(row["shape"]), dtype=str(row["dtype"]),
+                      numel=int(row["numel"])) for site, row in table.iterrows()]
+    steps = layout.read(layout.array(source, layout.STEP_DIM)).tolist()
+    final = run.paths.store / layout.SITES_GROUP
+    staging = staging_folder(run.path, final)
+    try:
+        build_sites_group(staging, steps, infos, layout.SCHEMA_VERSION)
+        writer = SiteWriter(zarr.open_group(staging, mode="r+"))
+        stats, fingerprints = layout.array(source, layout.STATS_ARRAY), layout.array(source, layout.FINGERPRINT_ARRAY)
+        done = np.flatnonzero(layout.read(layout.array(source, layout.DONE_FIELD)).astype(bool)).tolist()
+        copied = 0
+        for first, stop in contiguous_ranges(done):
+            for start in range(first, stop, _BLOCK):
+                end = min(stop, start + _BLOCK)
+                layout.require_rows(stats, start, end)
+                layout.require_rows(fingerprints, start, end)
+                writer.write(start, layout.read(stats, slice(start, end)), layout.read(fingerprints, slice(start, end)))
+                copied += end - start
+                progress(f"upgrading {run.path.name}: {copied}/{len(done)} recorded steps")
+        move_into_place(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.1f} MB"
