@@ -171,3 +171,20 @@ def merge_stats(parts: list[np.ndarray]) -> np.ndarray:
     sums = np.sum([s for s, _ in split], axis=0)
     maxes = np.max([m for _, m in split], axis=0)
     return assemble(sums, maxes)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def fold_fingerprints(fingerprints: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """One uint64 per site summarising the fingerprints [row, site] of the recorded-step ``rows`` (their row
+    numbers in the store): the sum mod 2^64 over rows of splitmix64(fingerprint + (row + 1) * golden ratio).
+    Equal rows fold equal; folds that differ mean some row differs; rows that differ fold equal only by a
+    64-bit coincidence. A row's number is part of it, so rows that trade places fold differently."""
+    keys = (np.asarray(rows, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+    z = np.asarray(fingerprints, dtype=np.uint64) + keys[:, None]
+    z = (z ^ (z >> np.uint64(30))) * _MIX[0]
+    z = (z ^ (z >> np.uint64(27))) * _MIX[1]
+    z ^= z >> np.uint64(31)
+    return z.sum(axis=0, dtype=np.uint64)

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import zarr
 
+from workbench.analysis import compare
 from workbench.cli import main
 from workbench.errors import ArgumentError, DamagedStoreError
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, upgrade
+from workbench.store.blocks import block_frontier
 from workbench.store.reader import open_run
 from workbench.store.synthetic import synthetic_sites, write_synthetic_run
 from workbench.store.upgrade import upgrade_plan, upgrade_store
@@ -69,6 +71,8 @@ def test_the_writer_gives_the_same_store_flush_by_flush_and_after_reopening(tmp_
     create_store(run_dir, dict(reference.attrs), STEPS)
     create_sites_group(run_dir, list(range(STEPS)), synthetic_sites(SITES))
     writer = SiteWriter(run_dir)
+    writer.write(0, stats[:30] + 1, fingerprints[:30] + np.uint64(1))  # rows a resumed run writes again below
+    writer = SiteWriter(run_dir)
     for first in range(0, 98, 7):  # flushes of 7 steps (rows 0-97), across the shards' bounds
         writer.write(first, stats[first:first + 7], fingerprints[first:first + 7])
     writer = SiteWriter(run_dir)  # a resumed writer, in the middle of a shard
@@ -78,6 +82,10 @@ def test_the_writer_gives_the_same_store_flush_by_flush_and_after_reopening(tmp_
     assert run.recorded_steps_completed == 98  # rows 105.. are written too: 98 is the first gap
     writer.write(98, stats[98:105], fingerprints[98:105])
     _same_records(run_dir, whole)
+    for name in (layout.BIN_FINGERPRINT_ARRAY, layout.BIN_ROWS_ARRAY):  # the folds, flush by flush, as written whole
+        flushed, expected = (zarr.open_array(layout.RunPaths(d).store / "sites" / name, mode="r")[:]
+                             for d in (run_dir, whole))
+        np.testing.assert_array_equal(flushed, expected)
 
 
 def test_a_deleted_or_truncated_shard_of_a_written_row_is_damage(tmp_path: Path) -> None:
@@ -106,6 +114,10 @@ def test_upgrade_rewrites_a_v2_store_in_place_and_it_reads_the_same(tmp_path: Pa
     assert after.fingerprints().equals(fingerprints)
     np.testing.assert_array_equal(after.records().stats.load(), stats)
     _same_records(old, new)
+    for name in (layout.BIN_FINGERPRINT_ARRAY, layout.BIN_ROWS_ARRAY):  # folded as the recorder folds them
+        upgraded, written = (zarr.open_array(layout.RunPaths(d).store / "sites" / name, mode="r")[:]
+                             for d in (old, new))
+        np.testing.assert_array_equal(upgraded, written)
     assert not upgrade_plan(after).needed and upgrade_store(old).schema_version == 3  # nothing more to do
     assert not [p for p in old.rglob(".*")]  # no staging folder left behind
 
@@ -162,3 +174,32 @@ def test_the_workspace_keeps_few_statistics_of_a_run_that_reads_them_apart(tmp_p
     assert ws.relative_difference("a", "b", "l2").sel(step=19).max() == 0  # read again: equal before step 20
     older = Workspace.open(old.parent)
     assert older.preload(["a"]) == ["a"]  # a v2 store still reads every statistic in one pass
+
+
+@pytest.mark.parametrize("diverge_at", [None, (0, 0), (63, 39), (130, 7), (299, 3)])
+def test_the_first_divergence_read_block_by_block_is_the_one_compare_finds(
+        tmp_path: Path, diverge_at: tuple[int, int] | None) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=300, sites=40, seed=1)
+    b = write_synthetic_run(tmp_path / "b", steps=300, sites=40, seed=1, diverge_at=diverge_at)
+    found = block_frontier(open_run(a), open_run(b))
+    expected = compare(open_run(a).records(), open_run(b).records())
+    assert found is not None and found.steps_compared == 300
+    assert (found.first_step, found.first_site) == (expected.first_step, expected.first_site)
+    assert found.frontier.to_dict() == expected.frontier.to_dict()
+    assert found.blocks_read <= 2  # the block where every site first differs, and the last, partial one
+
+
+def test_a_fold_that_disagrees_with_its_rows_is_damage(tmp_path: Path) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=300, sites=40, seed=1)
+    b = write_synthetic_run(tmp_path / "b", steps=300, sites=40, seed=1)
+    folds = zarr.open_array(layout.RunPaths(b).store / "sites" / layout.BIN_FINGERPRINT_ARRAY, mode="r+")
+    folds[2, 5] = folds[2, 5] + np.uint64(1)  # a fold that says the rows differ where they do not
+    with pytest.raises(DamagedStoreError, match="the fold of block 2 disagrees with the fingerprints of its rows "
+                                                "128-191"):
+        block_frontier(open_run(a), open_run(b))
+    counts = zarr.open_array(layout.RunPaths(b).store / "sites" / layout.BIN_ROWS_ARRAY, mode="r+")
+    counts[1] = 10
+    with pytest.raises(DamagedStoreError, match="block 1 folds 10 of its 64 written rows"):
+        block_frontier(open_run(a), open_run(b))
+    old = write_synthetic_run(tmp_path / "old", steps=300, sites=40, seed=1, schema_version=2)
+    assert block_frontier(open_run(a), open_run(old)) is None  # no folds: analysis.compare reads it whole

@@ -239,6 +239,43 @@ class Run:
         source = layout.array(self._sites_group(), layout.STATS_ARRAY)
         return layout.statistics_per_chunk(source) < source.shape[-1]
 
+    @property
+    def has_bin_fingerprints(self) -> bool:
+        """Whether the store folds each block of recorded steps' fingerprints (schema 3: ``layout.BIN_ROWS_ARRAY``)."""
+        return self.has_sites and layout.BIN_ROWS_ARRAY in self._sites_group()
+
+    def bin_fingerprints(self, rows: int) -> tuple[int, np.ndarray]:
+        """(rows per block, the folds [block, site]) of the whole blocks among the first ``rows`` written rows;
+        ``DamagedStoreError`` where a block's count of folded rows is not the block's size (in a run still
+        being written, the blocks ahead of its last flush are left out instead)."""
+        group = self._sites_group()
+        folds, counts = layout.array(group, layout.BIN_FINGERPRINT_ARRAY), layout.array(group, layout.BIN_ROWS_ARRAY)
+        size = int(layout.file_chunks(layout.array(group, layout.FINGERPRINT_ARRAY))[0])
+        steps, sites = layout.array(group, layout.DONE_FIELD).shape[0], layout.array(group, layout.SITE_DIM).shape[0]
+        layout.check_shape(folds, (-(-steps // size), sites), "the recorded steps in blocks, and the sites")
+        layout.check_shape(counts, (-(-steps // size),), "the recorded steps in blocks")
+        whole = rows // size
+        written = layout.read(counts, slice(0, whole))
+        short = np.flatnonzero(written != size)
+        if len(short):
+            if self.status == layout.Status.RUNNING:
+                whole = int(short[0])
+            else:
+                raise DamagedStoreError(f"{self.paths.store}/{layout.SITES_GROUP}/{layout.BIN_ROWS_ARRAY}: block "
+                                        f"{int(short[0])} folds {int(written[short[0]])} of its {size} written rows; "
+                                        "the store is damaged (rewrite the run)")
+        layout.require_rows(folds, 0, whole)
+        return size, layout.read(folds, slice(0, whole))
+
+    def fingerprint_rows(self, start: int, stop: int) -> np.ndarray:
+        """Fingerprints of written rows [start, stop) (uint64 [row, site], sites in execution order)."""
+        return self._rows(layout.array(self._sites_group(), layout.FINGERPRINT_ARRAY), start, stop)
+
+    def recorded_step_numbers(self) -> np.ndarray:
+        """The step number of each written recorded row."""
+        group = self._sites_group()
+        return self._recorded_steps(group, self.recorded_steps_completed).to_numpy()
+
     def fingerprints(self) -> pd.DataFrame:
         """Fingerprints (uint64), one row per written recorded step, one column per site."""
         group = self._sites_group()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from workbench.statistics import STAT_NAMES
+from workbench.statistics import STAT_NAMES, fold_fingerprints
 from workbench.store import layout
 from workbench.store.manifest import now
 
@@ -252,6 +252,12 @@ def build_sites_group(folder: Path, steps: list[int], sites: list[SiteInfo], sch
     done_chunk = step_chunk if schema_version < layout.SHARDED_SINCE else max(1, min(layout.DONE_CHUNK, n_steps))
     _array(group, layout.DONE_FIELD, shape=(n_steps,), dtype="int8", fill_value=0, chunks=(done_chunk,),
                        dimension_names=[layout.STEP_DIM])
+    if schema_version >= layout.SHARDED_SINCE:
+        bins = -(-n_steps // step_chunk)
+        _array(group, layout.BIN_FINGERPRINT_ARRAY, shape=(bins, n_sites), dtype="uint64", fill_value=0,
+               chunks=(1, max(n_sites, 1)), dimension_names=[layout.BIN_DIM, layout.SITE_DIM])
+        _array(group, layout.BIN_ROWS_ARRAY, shape=(bins,), dtype="int32", fill_value=0,
+               chunks=(max(1, min(layout.DONE_CHUNK, bins)),), dimension_names=[layout.BIN_DIM])
 
 
 class SiteWriter:
@@ -260,7 +266,9 @@ class SiteWriter:
     Where ``stats`` is sharded (schema 3), a shard is always written whole: the rows of the shard being
     filled stay in memory (read back from the store once, should it already hold some) and each write
     encodes that shard from them, never reading and decoding it again. A partial write of a shard
-    would read, decode and re-encode all of it on every flush.
+    would read, decode and re-encode all of it on every flush. The block's fingerprints and written
+    rows stay in memory too, and each write folds them into ``bin_fingerprint`` (a row written again, as
+    a resumed run does, replaces the earlier one in the fold).
     """
 
     def __init__(self, group: Path | zarr.Group) -> None:
@@ -272,6 +280,11 @@ class SiteWriter:
         self._sharded = self._stats.shards is not None
         self._rows = layout.file_chunks(self._stats)[0]
         self._shard: tuple[int, np.ndarray] | None = None  # (first row, rows) of the shard being filled
+        self._folds = layout.BIN_FINGERPRINT_ARRAY in group
+        if self._folds:
+            self._bin_fingerprints = _writable(group, layout.BIN_FINGERPRINT_ARRAY)
+            self._bin_rows = _writable(group, layout.BIN_ROWS_ARRAY)
+        self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (first row, fingerprints, written) of a bin
 
     def write(self, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
         """Rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64), then their done flags."""
@@ -281,7 +294,24 @@ class SiteWriter:
         else:
             self._stats[rows] = stats
         self._fingerprints[rows] = fingerprints
+        if self._folds:
+            self._write_folds(first_row, fingerprints)
         self._done[rows] = 1
+
+    def _write_folds(self, first_row: int, fingerprints: np.ndarray) -> None:
+        stop, total = first_row + fingerprints.shape[0], self._fingerprints.shape[0]
+        for start in range(first_row - first_row % self._rows, stop, self._rows):
+            end = min(start + self._rows, total)
+            if self._block is None or self._block[0] != start:
+                self._block = (start, layout.read(self._fingerprints, slice(start, end)),
+                               layout.read(self._done, slice(start, end)).astype(bool))
+            _, block, written = self._block
+            lo, hi = max(start, first_row), min(end, stop)
+            block[lo - start:hi - start] = fingerprints[lo - first_row:hi - first_row]
+            written[lo - start:hi - start] = True
+            rows = np.flatnonzero(written)
+            self._bin_fingerprints[start // self._rows] = fold_fingerprints(block[rows], start + rows)
+            self._bin_rows[start // self._rows] = len(rows)
 
     def _write_shards(self, first_row: int, stats: np.ndarray) -> None:
         stop, total = first_row + stats.shape[0], self._stats.shape[0]
