@@ -13,7 +13,7 @@ import zarr
 
 from workbench.analysis import compare
 from workbench.cli import main
-from workbench.errors import ArgumentError, DamagedStoreError
+from workbench.errors import ArgumentError, DamagedStoreError, RunNotFoundError
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, upgrade
 from workbench.store.blocks import block_frontier
@@ -86,6 +86,19 @@ def test_the_writer_gives_the_same_store_flush_by_flush_and_after_reopening(tmp_
         flushed, expected = (zarr.open_array(layout.RunPaths(d).store / "sites" / name, mode="r")[:]
                              for d in (run_dir, whole))
         np.testing.assert_array_equal(flushed, expected)
+
+
+def test_a_shard_written_whole_is_not_undone_by_a_later_flush_into_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    create_store(run_dir, {"run_id": "r", "name": "r", "producer": "test"}, 64)
+    create_sites_group(run_dir, list(range(64)), synthetic_sites(SITES))
+    stats = np.random.default_rng(0).standard_normal((64, SITES, len(STAT_NAMES)))
+    fingerprints = np.arange(64 * SITES, dtype=np.uint64).reshape(64, SITES)
+    writer = SiteWriter(run_dir)
+    writer.write(0, stats[:10] - 1, fingerprints[:10])  # the shard's rows now in the writer's memory
+    writer.write(0, stats, fingerprints)  # the whole shard, newer
+    writer.write(60, stats[60:], fingerprints[60:])  # a flush into it again
+    np.testing.assert_array_equal(open_run(run_dir).records().stats.to_numpy(), stats)
 
 
 def test_a_deleted_or_truncated_shard_of_a_written_row_is_damage(tmp_path: Path) -> None:
@@ -203,3 +216,26 @@ def test_a_fold_that_disagrees_with_its_rows_is_damage(tmp_path: Path) -> None:
         block_frontier(open_run(a), open_run(b))
     old = write_synthetic_run(tmp_path / "old", steps=300, sites=40, seed=1, schema_version=2)
     assert block_frontier(open_run(a), open_run(old)) is None  # no folds: analysis.compare reads it whole
+
+
+def test_a_store_read_through_fsspec_reads_as_the_local_one(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    a = write_synthetic_run(tmp_path / "a", steps=200, sites=40, seed=5)
+    b = write_synthetic_run(tmp_path / "b", steps=200, sites=40, seed=5, diverge_at=(90, 4))
+    memory, prefix = fsspec.filesystem("memory"), f"/{tmp_path.name}"
+    for run_dir in (a, b):
+        memory.put(str(run_dir), f"{prefix}/{run_dir.name}", recursive=True)
+    remote_a, remote_b = open_run(f"memory:/{prefix}/a"), open_run(f"memory:/{prefix}/b/run.zarr")
+    assert remote_a.url == f"memory:/{prefix}/a/run.zarr" and remote_a.status == "complete"
+    assert remote_a.fingerprints().equals(open_run(a).fingerprints())
+    np.testing.assert_array_equal(remote_a.records().stats.load(), open_run(a).records().stats.load())
+    assert remote_a.scalars.equals(open_run(a).scalars) and remote_a.snapshots() == {}
+    assert compare(remote_a.records(), remote_b.records()).first_step == 90
+    found = block_frontier(remote_a, remote_b)
+    assert found is not None and found.first_step == 90
+    memory.rm(f"{prefix}/b/run.zarr/sites/fingerprint/c/1/0")
+    with pytest.raises(DamagedStoreError, match=f"memory:/{prefix}/b/run.zarr/sites/fingerprint: the chunk of rows "
+                                                "64-127 is missing"):
+        open_run(f"memory:/{prefix}/b").fingerprints()
+    with pytest.raises(RunNotFoundError, match="no run store there"):
+        open_run(f"memory:/{prefix}/elsewhere")

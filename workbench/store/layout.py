@@ -277,7 +277,7 @@ def check_shape(node: zarr.Array, expected: tuple[int, ...], what: str) -> None:
     """``DamagedStoreError`` naming the array unless its shape is ``expected`` (checked before a read
     allocates anything: a declared shape is only a number in ``zarr.json``)."""
     if tuple(node.shape) != tuple(expected):
-        where = str(node.store_path).removeprefix("file://")
+        where = located(node)
         raise DamagedStoreError(f"{where}: declares shape {tuple(node.shape)} where {what} gives {tuple(expected)}; "
                                 "the store is damaged (rewrite the run)")
 
@@ -293,10 +293,21 @@ def require_rows(node: zarr.Array, start: int, stop: int) -> None:
     for coords in itertools.product(*grid):
         if not _chunk_on_disk(node, coords):
             first = coords[0] * chunks[0]
-            where = str(node.store_path).removeprefix("file://")
+            where = located(node)
             raise DamagedStoreError(f"{where}: the chunk of rows {max(first, start)}-{min(first + chunks[0], stop) - 1}"
                                     " is missing, though those rows are marked done; the run store is damaged (a "
                                     "deleted file): rewrite the run or restore the chunk")
+
+
+def located(node: zarr.Array | zarr.Group) -> str:
+    """Where ``node`` lives, for messages: a local path, or the URL of a store read through fsspec."""
+    store, path = node.store_path.store, node.store_path.path
+    if isinstance(store, LocalStore):
+        return str(Path(store.root) / path)
+    fs, root = getattr(store, "fs", None), str(getattr(store, "path", ""))
+    protocol = getattr(fs, "protocol", "")
+    scheme = protocol[0] if isinstance(protocol, tuple | list) and protocol else protocol
+    return f"{scheme}://{root.lstrip('/')}/{path}".rstrip("/") if scheme else f"{root}/{path}"
 
 
 def _chunk_on_disk(node: zarr.Array, coords: tuple[int, ...]) -> bool:
@@ -317,7 +328,7 @@ def subgroup(group: zarr.Group, path: str) -> zarr.Group:
 
 
 def _where(group: zarr.Group, path: str) -> str:
-    root = str(group.store_path).removeprefix("file://")
+    root = located(group)
     return f"{root.rstrip('/')}/{path}"
 
 
@@ -337,7 +348,7 @@ def read(node: zarr.Array, selection: Any = slice(None)) -> np.ndarray:
     try:
         return np.asarray(node[selection])
     except Exception as err:  # the codecs raise RuntimeError, ValueError, ... for a bad chunk
-        where = str(node.store_path).removeprefix("file://")
+        where = located(node)
         raise DamagedStoreError(f"{where}: a chunk cannot be read ({type(err).__name__}: {err}); the run store "
                                 "is damaged (a truncated or corrupt file): rewrite the run") from None
 

@@ -44,9 +44,13 @@ from workbench.store.records import RunRecords
 class Run:
     """One run store, opened for reading."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, url: str | None = None) -> None:
         self.paths = layout.RunPaths(run_dir)
-        self._root = zarr.open_group(self.paths.store, mode="r")
+        self.url = url
+        """The store's URL where it is read through fsspec (``memory://``, ``s3://`` ...); None for a local folder,
+        whose logs, checkpoints and operation traces lie beside it (a store at a URL has none of those here)."""
+        self._store: str | Path = url if url is not None else self.paths.store
+        self._root = zarr.open_group(self._store, mode="r")
         self._scalars = layout.subgroup(self._root, layout.SCALARS_GROUP)
         self._sites: zarr.Group | None = None
 
@@ -132,8 +136,8 @@ class Run:
     @property
     def status(self) -> str:
         """The stored status; a 'created' or 'running' store whose launcher is gone reads 'interrupted'."""
-        attrs = dict(zarr.open_group(self.paths.store, mode="r").attrs)
-        check_facts(attrs, str(self.paths.store))  # re-read while it runs: checked each time
+        attrs = dict(zarr.open_group(self._store, mode="r").attrs)
+        check_facts(attrs, str(self._store))  # re-read while it runs: checked each time
         status = str(attrs.get("status", layout.Status.CREATED))
         if status in (layout.Status.CREATED, layout.Status.RUNNING) and \
                 not _producer_alive(attrs.get("launcher") or {}, attrs.get("heartbeat")):
@@ -154,7 +158,7 @@ class Run:
 
     def dataset(self) -> xr.Dataset:
         """The scalars as a lazy xarray Dataset (``xarray.open_zarr``), completed steps only."""
-        ds = xr.open_zarr(self.paths.store, group=layout.SCALARS_GROUP, consolidated=False)
+        ds = xr.open_zarr(self._store, group=layout.SCALARS_GROUP, consolidated=False)
         first, end = self._completed_span()
         return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(first, end)})
 
@@ -171,7 +175,7 @@ class Run:
             if not self.has_sites:
                 raise NoSitesError(f"{self.path}: run {self.name!r} has no per-site records (record.enabled = "
                                    "false, or it ended before its first recorded step was written)")
-            group = layout.subgroup(zarr.open_group(self.paths.store, mode="r"), layout.SITES_GROUP)
+            group = layout.subgroup(zarr.open_group(self._store, mode="r"), layout.SITES_GROUP)
             self._check_site_shapes(group)
             self._sites = group
         return self._sites
@@ -213,7 +217,7 @@ class Run:
         group, n = self._sites_group(), self.recorded_steps_completed
         for name in (layout.STATS_ARRAY, layout.FINGERPRINT_ARRAY):
             layout.require_rows(layout.array(group, name), 0, n)
-        ds = xr.open_zarr(self.paths.store, group=layout.SITES_GROUP, consolidated=False)
+        ds = xr.open_zarr(self._store, group=layout.SITES_GROUP, consolidated=False)
         ds = ds.set_coords(list(layout.SITE_META_FIELDS)).drop_vars(layout.DONE_FIELD)
         return ds.isel({layout.STEP_DIM: slice(0, self.recorded_steps_completed)})
 
@@ -369,7 +373,7 @@ class Run:
         kind, _, name = site.partition(":")
         path = layout.snapshot_path(step, kind, name)
         try:
-            array = zarr.open_array(self.paths.store / path, mode="r")
+            array = zarr.open_array(self._at(path), mode="r")
         except (FileNotFoundError, KeyError, ValueError):
             raise NoSitesError(f"{self.path}: no snapshot of {site} at step {step}; "
                            "set record.snapshot_steps and record.snapshot_sites") from None
@@ -380,20 +384,36 @@ class Run:
     def snapshot_dtype(self, step: int, site: str) -> str:
         """The dtype the tensor had in training (snapshots of 16-bit tensors are stored as float32)."""
         kind, _, name = site.partition(":")
-        array = zarr.open_array(self.paths.store / layout.snapshot_path(step, kind, name), mode="r")
+        array = zarr.open_array(self._at(layout.snapshot_path(step, kind, name)), mode="r")
         return str(array.attrs.get("source_dtype", array.dtype))
 
     def snapshots(self) -> dict[int, list[str]]:
         """Recorded snapshots: step -> sites ("kind:name")."""
         found: dict[int, list[str]] = {}
-        for step, kind, name in layout.snapshot_arrays(self.paths.store):
+        listed = layout.snapshot_arrays(self.paths.store) if self.url is None else _snapshot_members(self._root)
+        for step, kind, name in listed:
             found.setdefault(step, []).append(f"{kind}:{name}")
         return found
+
+    def _at(self, path: str) -> str | Path:
+        """Where the node at ``path`` inside the store lives."""
+        return f"{self.url}/{path}" if self.url is not None else self.paths.store / path
 
     @property
     def final_loss(self) -> float:
         n = self.steps_completed
         return float(layout.read(layout.array(self._scalars, "loss"), n - 1)) if n else float("nan")
+
+
+def _snapshot_members(root: zarr.Group) -> list[tuple[int, str, str]]:
+    """(step, kind, name) of every snapshot array, listed through Zarr (a store at a URL has no folders to glob)."""
+    if layout.SNAPSHOTS_GROUP not in root:
+        return []
+    found = []
+    for step_name, step_group in layout.subgroup(root, layout.SNAPSHOTS_GROUP).groups():
+        for kind, kind_group in step_group.groups():
+            found += [(int(step_name.removeprefix("step_")), kind, name) for name, _ in kind_group.arrays()]
+    return sorted(found)
 
 
 def _producer_alive(launcher: Any, heartbeat: Any) -> bool:
@@ -420,30 +440,62 @@ def _pid_alive(pid: Any) -> bool:
 
 
 def open_run(path: str | os.PathLike[str]) -> Run:
-    """Open the run store at ``path`` (the run folder or its ``run.zarr``)."""
-    path = Path(path)
+    """Open the run store at ``path`` (the run folder or its ``run.zarr``), or at a URL that fsspec reads
+    (``memory://runs/a``, ``s3://bucket/runs/a``; the filesystem's package installed, its credentials as
+    fsspec finds them)."""
+    if isinstance(path, str) and "://" in path and not path.startswith("file://"):
+        return _open_url(path)
+    path = Path(str(path).removeprefix("file://"))
     if not path.exists():
         raise RunNotFoundError(f"{path}: no such run; create one with `workbench run CONFIG.toml`")
     run_dir = layout.resolve_run_dir(path)
     if run_dir is None:
         raise NotARunError(f"{path}: not a run store (no {layout.STORE_DIR}/ with a zarr.json inside); "
                            "pass a run folder made by `workbench run`")
-    try:
-        attrs = dict(zarr.open_group(layout.RunPaths(run_dir).store, mode="r").attrs)
-    except Exception as err:  # zarr raises several types for a damaged group
-        raise NotARunError(f"{path}: the Zarr group cannot be read ({err})") from None
-    if attrs.get("kind") != layout.STORE_KIND:
-        raise NotARunError(f"{path}: a Zarr group, but not a workbench run (attribute kind = "
-                           f"{attrs.get('kind')!r}, expected {layout.STORE_KIND!r})")
-    version = attrs.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version > layout.SCHEMA_VERSION:
-        raise SchemaVersionError(f"{path}: store schema version {version!r} is newer than this workbench "
-                                 f"reads ({layout.SCHEMA_VERSION}); upgrade the workbench package")
+    _check_store(layout.RunPaths(run_dir).store, str(path))
     if not (layout.RunPaths(run_dir).store / layout.SCALARS_GROUP / "zarr.json").is_file():
         raise DamagedStoreError(f"{path}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
                                 "created by its producer (try again in a moment) or it is damaged")
     run = Run(run_dir)
     _ = run.manifest  # every manifest field checked once, here, before any verb reads one
+    return run
+
+
+def _check_store(store: str | Path, shown: str) -> zarr.Group:
+    """The store's root group, once it is a workbench run of a schema this package reads."""
+    try:
+        root = zarr.open_group(store, mode="r")
+        attrs = dict(root.attrs)
+    except Exception as err:  # zarr raises several types for a damaged group
+        raise NotARunError(f"{shown}: the Zarr group cannot be read ({err})") from None
+    if attrs.get("kind") != layout.STORE_KIND:
+        raise NotARunError(f"{shown}: a Zarr group, but not a workbench run (attribute kind = "
+                           f"{attrs.get('kind')!r}, expected {layout.STORE_KIND!r})")
+    version = attrs.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version > layout.SCHEMA_VERSION:
+        raise SchemaVersionError(f"{shown}: store schema version {version!r} is newer than this workbench "
+                                 f"reads ({layout.SCHEMA_VERSION}); upgrade the workbench package")
+    return root
+
+
+def _open_url(url: str) -> Run:
+    """``open_run`` of a store read through fsspec: the same checks, with Zarr's own reads in place of files."""
+    url = url.rstrip("/")
+    store = url if url.endswith(f"/{layout.STORE_DIR}") else f"{url}/{layout.STORE_DIR}"
+    try:
+        import fsspec
+
+        exists = fsspec.core.url_to_fs(store)[0].exists(f"{fsspec.core.url_to_fs(store)[1]}/zarr.json")
+    except (ImportError, ValueError) as err:  # no filesystem for the scheme, or a malformed URL
+        raise RunNotFoundError(f"{url}: cannot be read ({err})") from None
+    if not exists:
+        raise RunNotFoundError(f"{url}: no run store there (no {layout.STORE_DIR}/zarr.json)")
+    root = _check_store(store, url)
+    if layout.SCALARS_GROUP not in root:
+        raise DamagedStoreError(f"{url}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
+                                "created by its producer (try again in a moment) or it is damaged")
+    run = Run(Path(store.removesuffix(f"/{layout.STORE_DIR}")), url=store)  # a path no local file lies at
+    _ = run.manifest
     return run
 
 

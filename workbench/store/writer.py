@@ -320,6 +320,8 @@ class SiteWriter:
             lo, hi = max(start, first_row), min(end, stop)
             if lo == start and hi == end:  # the whole shard
                 self._stats[start:end] = stats[lo - first_row:hi - first_row]
+                if self._shard is not None and self._shard[0] == start:
+                    self._shard = None  # its rows in memory are older than what was just written
                 continue
             if self._shard is None or self._shard[0] != start:
                 self._shard = (start, layout.read(self._stats, slice(start, end)))
