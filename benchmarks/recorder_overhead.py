@@ -16,18 +16,20 @@ divided by the statistics pass's read rate on a 16 M-element fp32 tensor measure
 same process. Also the bytes the ``sites`` group takes per site per recorded step.
 
 Then the store writes of a flush (``--flush-sites``, ``--flush-every``: the recorder's default, 10 steps), on
-the recorder's writer thread, in today's layout (schema 3, ``SiteWriter``) and in the one before (schema 2,
-every statistic of 64 steps in one chunk), alternating flush by flush over 640 recorded steps: the median
-time of a flush in each and their ratio.
+the recorder's writer thread: as the recorder wrote them before schema 3 (schema 2, every statistic of 64
+steps in one chunk, the group opened at each flush), schema 2 through ``SiteWriter``, and schema 3, taking
+turns flush by flush over 640 recorded steps: the median time of a flush in each and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,7 @@ from workbench.runner.launch import launch
 from workbench.store import layout
 from workbench.store.reader import open_run
 from workbench.store.synthetic import synthetic_sites
-from workbench.store.writer import SiteWriter, create_sites_group, create_store
+from workbench.store.writer import SiteWriter, create_sites_group, create_store, write_site_rows
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
@@ -90,26 +92,29 @@ def measure(model: str, steps: int, compile_: bool, out: Path, rate: float) -> s
 
 
 def flush_cost(sites: int, flush_every: int, out: Path) -> str:
-    """Median seconds of one flush's store writes, schema 2 against schema 3, alternating (see the docstring)."""
+    """Median seconds of one flush's store writes: the recorder before this schema (schema 2, the sites group
+    opened at every flush), schema 2 through ``SiteWriter``, and schema 3, taking turns flush by flush."""
     steps = 640
     rng = np.random.default_rng(0)
-    writers = {}
-    for version in (2, 3):
-        run_dir = out / f"flush-{sites}-v{version}"
+    writers: dict[str, Callable[[int, np.ndarray, np.ndarray], None]] = {}
+    for label, version in (("before", 2), ("2", 2), ("3", 3)):
+        run_dir = out / f"flush-{sites}-{label}"
         create_store(run_dir, {"run_id": "flush", "name": "flush", "producer": "benchmark"}, steps,
                      schema_version=version)
         create_sites_group(run_dir, list(range(steps)), synthetic_sites(sites))
-        writers[version] = SiteWriter(run_dir)
-    times: dict[int, list[float]] = {2: [], 3: []}
-    for first in range(0, steps, flush_every):
+        writers[label] = functools.partial(write_site_rows, run_dir) if label == "before" else SiteWriter(run_dir).write
+    times: dict[str, list[float]] = {label: [] for label in writers}
+    order = list(writers)
+    for i, first in enumerate(range(0, steps, flush_every)):
         stats = rng.standard_normal((flush_every, sites, 12))
         fingerprints = rng.integers(0, 2**63, size=(flush_every, sites), dtype=np.int64).astype(np.uint64)
-        for version in ((2, 3) if first // flush_every % 2 else (3, 2)):
+        for label in order[i % 3:] + order[:i % 3]:
             start = time.perf_counter()
-            writers[version].write(first, stats, fingerprints)
-            times[version].append(time.perf_counter() - start)
-    old, new = statistics.median(times[2]), statistics.median(times[3])
-    return f"{sites:>8} {flush_every:>6} {1000 * old:12.2f} {1000 * new:12.2f} {new / old:8.2f}x"
+            writers[label](first, stats, fingerprints)
+            times[label].append(time.perf_counter() - start)
+    before, old, new = (statistics.median(times[label]) for label in order)
+    return (f"{sites:>8} {flush_every:>6} {1000 * before:12.2f} {1000 * old:12.2f} {1000 * new:12.2f} "
+            f"{new / before:10.2f}x {new / old:8.2f}x")
 
 
 def main() -> None:
@@ -124,7 +129,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="recorder-overhead-"))
     if args.flush_sites:
         print(f"store writes of one flush (median over {640 // args.flush_every} flushes, alternating):")
-        print(f"{'sites':>8} {'steps':>6} {'schema 2 ms':>12} {'schema 3 ms':>12} {'3 / 2':>9}")
+        print(f"{'sites':>8} {'steps':>6} {'before ms':>12} {'schema 2 ms':>12} {'schema 3 ms':>12} "
+              f"{'3 / before':>11} {'3 / 2':>9}")
         for sites in args.flush_sites:
             print(flush_cost(sites, args.flush_every, out), flush=True)
     if not args.models:

@@ -18,7 +18,7 @@ A run lives in a folder:
           fingerprint           uint64 [step, site]
           done                  int8 [step]
           bin_fingerprint       uint64 [bin, site]  (schema 3) each 64 recorded steps' fingerprints folded
-          bin_rows              int32 [bin]         (schema 3) how many written rows each fold holds
+          bin_rows              int32 [bin]         (schema 3) the rows each fold holds (0: not folded yet)
         snapshots/step_<K>/<kind>/<name>   full, unsharded tensors (float32 for 16-bit types)
       logs/rank<R>.log          one log per rank
       checkpoints/step_<K>/     state before step K (after K updates)
@@ -137,11 +137,12 @@ def statistics_per_chunk(node: zarr.Array) -> int:
 FINGERPRINT_ARRAY = "fingerprint"
 BIN_FINGERPRINT_ARRAY = "bin_fingerprint"
 """Schema 3: per block of ``SITE_STEP_CHUNK`` recorded steps and site, ``statistics.fold_fingerprints`` of its
-written rows, updated at every flush: two runs whose folds agree over a block are bitwise equal there (but
-for a 64-bit coincidence), so the first divergence is found by reading the folds and one block's rows."""
+rows, written once all of them are (and again whenever one is rewritten): two runs whose folds agree over a
+block are bitwise equal there (but for a 64-bit coincidence), so the first divergence is found by reading the
+folds and one block's rows."""
 BIN_ROWS_ARRAY = "bin_rows"
-"""Schema 3: per block, the number of written rows folded into ``bin_fingerprint`` (the ``done`` rows of the
-block once a flush ends; a block whose count disagrees with them in an ended run is damage)."""
+"""Schema 3: per block, the number of rows folded into ``bin_fingerprint``: the block's size once all are written,
+0 before (a block whose rows are all done and whose count is not its size, in an ended run, is damage)."""
 BIN_DIM = "bin"
 SNAPSHOTS_GROUP = "snapshots"
 COMPRESSORS = (ZstdCodec(level=0, checksum=True),)

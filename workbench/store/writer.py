@@ -264,11 +264,12 @@ class SiteWriter:
     """Writes recorded-step rows into a run's ``sites`` group, the arrays opened once.
 
     Where ``stats`` is sharded (schema 3), a shard is always written whole: the rows of the shard being
-    filled stay in memory (read back from the store once, should it already hold some) and each write
-    encodes that shard from them, never reading and decoding it again. A partial write of a shard
-    would read, decode and re-encode all of it on every flush. The block's fingerprints and written
-    rows stay in memory too, and each write folds them into ``bin_fingerprint`` (a row written again, as
-    a resumed run does, replaces the earlier one in the fold).
+    filled stay in memory (read back from the store only where it already holds some: a resumed run) and
+    each write encodes that shard from them, never reading and decoding it again, as a partial write of a
+    shard would on every flush. The block's fingerprints stay in memory too, and once every row of a block
+    is written, each write into it folds them into ``bin_fingerprint`` (a row written again, as a resumed
+    run does, replaces the earlier one in the fold): a flush adds no write of its own but at the end of a
+    block.
     """
 
     def __init__(self, group: Path | zarr.Group) -> None:
@@ -277,6 +278,7 @@ class SiteWriter:
         self._stats = _writable(group, layout.STATS_ARRAY)
         self._fingerprints = _writable(group, layout.FINGERPRINT_ARRAY)
         self._done = _writable(group, layout.DONE_FIELD)
+        self._written = layout.read(self._done).astype(bool)  # rows on disk: only those are ever read back
         self._sharded = self._stats.shards is not None
         self._rows = layout.file_chunks(self._stats)[0]
         self._shard: tuple[int, np.ndarray] | None = None  # (first row, rows) of the shard being filled
@@ -284,7 +286,7 @@ class SiteWriter:
         if self._folds:
             self._bin_fingerprints = _writable(group, layout.BIN_FINGERPRINT_ARRAY)
             self._bin_rows = _writable(group, layout.BIN_ROWS_ARRAY)
-        self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (first row, fingerprints, written) of a bin
+        self._block: tuple[int, np.ndarray] | None = None  # (first row, fingerprints) of the block being filled
 
     def write(self, first_row: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
         """Rows ``first_row ..`` (stats [k, site, stat], fingerprints [k, site] uint64), then their done flags."""
@@ -297,34 +299,41 @@ class SiteWriter:
         if self._folds:
             self._write_folds(first_row, fingerprints)
         self._done[rows] = 1
+        self._written[rows] = True
+
+    def _blocks(self, first_row: int, count: int) -> list[tuple[int, int, int, int]]:
+        """(start, end) of each block rows [first_row, first_row + count) touch, and the part of them written."""
+        stop, total = first_row + count, self._stats.shape[0]
+        return [(start, min(start + self._rows, total), max(start, first_row), min(start + self._rows, total, stop))
+                for start in range(first_row - first_row % self._rows, stop, self._rows)]
+
+    def _held(self, array: zarr.Array, start: int, end: int, fill: float | int) -> np.ndarray:
+        """Rows [start, end) of ``array`` as the store holds them, read only where some are written."""
+        if self._written[start:end].any():
+            return layout.read(array, slice(start, end))
+        return np.full((end - start, *array.shape[1:]), fill, dtype=array.dtype)
 
     def _write_folds(self, first_row: int, fingerprints: np.ndarray) -> None:
-        stop, total = first_row + fingerprints.shape[0], self._fingerprints.shape[0]
-        for start in range(first_row - first_row % self._rows, stop, self._rows):
-            end = min(start + self._rows, total)
+        for start, end, lo, hi in self._blocks(first_row, fingerprints.shape[0]):
             if self._block is None or self._block[0] != start:
-                self._block = (start, layout.read(self._fingerprints, slice(start, end)),
-                               layout.read(self._done, slice(start, end)).astype(bool))
-            _, block, written = self._block
-            lo, hi = max(start, first_row), min(end, stop)
+                self._block = (start, self._held(self._fingerprints, start, end, 0))
+            block = self._block[1]
             block[lo - start:hi - start] = fingerprints[lo - first_row:hi - first_row]
+            written = self._written[start:end].copy()
             written[lo - start:hi - start] = True
-            rows = np.flatnonzero(written)
-            self._bin_fingerprints[start // self._rows] = fold_fingerprints(block[rows], start + rows)
-            self._bin_rows[start // self._rows] = len(rows)
+            if written.all():
+                self._bin_fingerprints[start // self._rows] = fold_fingerprints(block, np.arange(start, end))
+                self._bin_rows[start // self._rows] = end - start
 
     def _write_shards(self, first_row: int, stats: np.ndarray) -> None:
-        stop, total = first_row + stats.shape[0], self._stats.shape[0]
-        for start in range(first_row - first_row % self._rows, stop, self._rows):
-            end = min(start + self._rows, total)
-            lo, hi = max(start, first_row), min(end, stop)
+        for start, end, lo, hi in self._blocks(first_row, stats.shape[0]):
             if lo == start and hi == end:  # the whole shard
                 self._stats[start:end] = stats[lo - first_row:hi - first_row]
                 if self._shard is not None and self._shard[0] == start:
                     self._shard = None  # its rows in memory are older than what was just written
                 continue
             if self._shard is None or self._shard[0] != start:
-                self._shard = (start, layout.read(self._stats, slice(start, end)))
+                self._shard = (start, self._held(self._stats, start, end, np.nan))
             shard = self._shard[1]
             shard[lo - start:hi - start] = stats[lo - first_row:hi - first_row]
             self._stats[start:end] = shard
