@@ -239,3 +239,5 @@ def test_a_store_read_through_fsspec_reads_as_the_local_one(tmp_path: Path) -> N
         open_run(f"memory:/{prefix}/b").fingerprints()
     with pytest.raises(RunNotFoundError, match="no run store there"):
         open_run(f"memory:/{prefix}/elsewhere")
+    with pytest.raises(ArgumentError, match="a store read through fsspec is upgraded where it lies as a folder"):
+        upgrade_plan(remote_a)

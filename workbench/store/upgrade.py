@@ -67,7 +67,11 @@ class UpgradePlan:
 
 
 def upgrade_plan(run: Run) -> UpgradePlan:
-    """What upgrading ``run`` rewrites and the room it needs; ``ArgumentError`` for a store still being written."""
+    """What upgrading ``run`` rewrites and the room it needs; ``ArgumentError`` for a store still being written, or
+    one read through fsspec (copy it here, upgrade it, and copy it back)."""
+    if run.url is not None:
+        raise ArgumentError(f"{run.url}: a store read through fsspec is upgraded where it lies as a folder; copy it "
+                            "to a local folder, upgrade that, and copy it back")
     status = run.status
     if status in _BUSY:
         raise ArgumentError(f"{run.path}: the run is {status}: its producer still writes the store; upgrade it "
