@@ -332,3 +332,25 @@ def test_a_linear_band_skips_missing_steps_and_stays_one_polygon() -> None:
     one_run = make_subplots(rows=1, cols=1)
     floor_band(one_run, [0, 1], [1.0, 2.0], [1.0, 2.0])
     assert one_run.data[0].line.dash == "dot"
+
+
+def test_the_heatmap_matrix_from_the_two_runs_values_is_the_one_from_their_relative_difference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.figures.divergence as divergence
+
+    a = records("a", steps=9)
+    b = perturb(a, "b", step=2, site="act:layers.0.mlp")
+    result = compare(a, b)
+    x, y = a.stats.sel(stat="max").copy(), b.stats.sel(stat="max").copy()
+    x[4, 0], y[4, 0] = 0.0, 0.0  # equal zeros, then NaN against a number, then both NaN, then inf against -inf
+    x[5, 1], x[6, 2], y[6, 2], x[7, 3], y[7, 3] = np.nan, np.nan, np.nan, np.inf, -np.inf
+    monkeypatch.setattr(divergence, "_BLOCK_CELLS", 25)  # 10 sites: 2 steps a block, the last one short
+    for steps in (None, (3, 7)):
+        expected = heatmap_matrix(result, "max", steps=steps, relative=result.relative("max", (x, y)))
+        matrix = heatmap_matrix(result, "max", steps=steps, values=(x, y))
+        pd.testing.assert_frame_equal(matrix, expected)
+    # a run that recorded steps the other did not: rows are found by step, not by position
+    later = heatmap_matrix(result, "max", steps=(3, 7), values=(x.isel(step=slice(1, None)), y))
+    pd.testing.assert_frame_equal(later, heatmap_matrix(result, "max", steps=(3, 7), values=(x, y)))
+    with pytest.raises(KeyError, match="not sites both runs recorded"):
+        heatmap_matrix(result, sites=[*SITES[:2], "act:layers.9.mlp"], values=(x, y))

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 import xarray as xr
 
 from workbench.analysis.compare import Comparison
+from workbench.analysis.difference import relative as relative_of
 from workbench.analysis.growth import amplification
 from workbench.analysis.ladder import per_layer_error, sites_in_model_order
 from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, colour
@@ -70,28 +71,43 @@ def _binned_max(values: np.ndarray, axis: int, width: int) -> np.ndarray:
 
 
 def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,
-                   steps: tuple[int, int] | None = None, relative: xr.DataArray | None = None) -> pd.DataFrame:
+                   steps: tuple[int, int] | None = None, relative: xr.DataArray | None = None,
+                   values: tuple[xr.DataArray, xr.DataArray] | None = None) -> pd.DataFrame:
     """site x step: ``BITWISE_EQUAL`` where bitwise equal, else log10 relative difference
     (``DIFFERS_ONLY_IN_BITS`` where the statistic cannot see the difference); sites in model order.
-    ``relative`` (step, site) replaces ``result.relative_difference`` of ``stat`` when already computed."""
+    ``relative`` (step, site) replaces ``result.relative_difference`` of ``stat`` when already computed;
+    ``values``, the two runs' own (step, site) values of ``stat``, replace it too: the relative difference is
+    then computed block by block into the matrix (``difference.relative``), never whole, and nothing of it is
+    kept (10k steps x 1k sites: a third of the time of computing it whole first, and 80 MB less held)."""
     order = sites_in_model_order(sites if sites is not None else result.common_sites)
     equal = result.equal
-    rel = relative if relative is not None else result.relative_difference.sel(stat=stat)
     if steps is not None:
         equal = equal.loc[steps[0]:steps[1]]
-        rel = rel.sel(step=slice(steps[0], steps[1]))
-    rel = rel.transpose("step", "site")
-    values, is_equal = np.asarray(rel.to_numpy(), dtype=float), equal.to_numpy()  # [step, site]: no copies
-    columns, equal_columns = rel.indexes["site"].get_indexer(order), equal.columns.get_indexer(order)
-    if (columns < 0).any() or (equal_columns < 0).any():
-        missing = [site for site, i, j in zip(order, columns, equal_columns, strict=True) if i < 0 or j < 0]
+    is_equal, equal_columns = equal.to_numpy(), equal.columns.get_indexer(order)
+    if values is not None:
+        sources = [_Gather(v.transpose("step", "site"), equal.index, order) for v in values]
+        missing_columns = [any(s.columns[i] < 0 for s in sources) for i in range(len(order))]
+
+        def block_of(start: int, stop: int) -> np.ndarray:
+            return relative_of(*(s.take(start, stop) for s in sources))
+    else:
+        rel = relative if relative is not None else result.relative_difference.sel(stat=stat)
+        if steps is not None:
+            rel = rel.sel(step=slice(steps[0], steps[1]))
+        source = _Gather(rel.transpose("step", "site"), None, order)
+        missing_columns = list(source.columns < 0)
+
+        def block_of(start: int, stop: int) -> np.ndarray:
+            return source.take(start, stop)
+    if any(missing_columns) or (equal_columns < 0).any():
+        missing = [site for site, gone, j in zip(order, missing_columns, equal_columns, strict=True) if gone or j < 0]
         raise KeyError(f"not sites both runs recorded: {', '.join(missing[:5])}")
-    log = np.empty((values.shape[0], len(order)))
+    log = np.empty((is_equal.shape[0], len(order)))
     # block by block of steps (sites gathered within a row): this runs over every (step, site) whenever a
     # statistic is first shown, and a block's half-dozen passes then stay in the cache
     rows = max(1, _BLOCK_CELLS // max(len(order), 1))
-    for start in range(0, values.shape[0], rows):
-        block, out = values[start:start + rows][:, columns], log[start:start + rows]
+    for start in range(0, log.shape[0], rows):
+        block, out = block_of(start, start + rows), log[start:start + rows]
         with np.errstate(divide="ignore", invalid="ignore"):
             np.log10(block, out=out)
         np.copyto(out, 0.0, where=~np.isfinite(out))  # 0 (the statistic cannot see the difference), NaN or inf
@@ -99,6 +115,28 @@ def heatmap_matrix(result: Comparison, stat: str = "l2", *, sites: list[str] | N
         np.clip(out, DIFFERS_ONLY_IN_BITS, 0.0, out=out)
         np.copyto(out, BITWISE_EQUAL, where=is_equal[start:start + rows][:, equal_columns])
     return pd.DataFrame(log.T, index=pd.Index(order, name="site"), columns=equal.index)
+
+
+class _Gather:
+    """Rows (steps) and columns (sites, in the heatmap's order) of a (step, site) array, block by block:
+    a slice where the steps are consecutive in it (no copy), else a gather. ``steps`` None: all of them."""
+
+    def __init__(self, array: xr.DataArray, steps: pd.Index | None, order: list[str]) -> None:
+        self.values = np.asarray(array.to_numpy(), dtype=float)
+        self.columns = array.indexes["site"].get_indexer(order)
+        rows = (np.arange(self.values.shape[0]) if steps is None else
+                array.indexes["step"].get_indexer(steps))
+        if (rows < 0).any():
+            raise KeyError(f"steps not in both runs: {', '.join(map(str, np.asarray(steps)[rows < 0][:5]))}")
+        consecutive = len(rows) == 0 or bool((np.diff(rows) == 1).all())
+        self.first, self.count = (int(rows[0]) if len(rows) else 0), len(rows)
+        self.rows = None if consecutive else rows
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        if self.rows is None:
+            stop = min(stop, self.count)
+            return self.values[self.first + start:self.first + stop][:, self.columns]
+        return self.values[np.ix_(self.rows[start:stop], self.columns)]
 
 
 def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,

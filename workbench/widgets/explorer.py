@@ -216,13 +216,14 @@ class DivergenceExplorer(WorkbenchWidget):
 
 
 def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key) -> int:
-    """Compute the heatmap matrix of ``key`` (reference, other, statistic) into ``matrices`` unless it is there;
-    the bytes it holds (0 when it was there; ``Workspace.read_ahead`` counts the relative difference's)."""
+    """Compute the heatmap matrix of ``key`` (reference, other, statistic) into ``matrices`` unless it is there,
+    from the two runs' cached statistics (the relative difference is not kept); the bytes it holds (0 when it
+    was there)."""
     if key in matrices:
         matrices[key] = matrices.pop(key)  # the latest used last
         return 0
-    relative = workspace.relative_difference(*key)
-    matrices[key] = matrix = heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], relative=relative)
+    values = (workspace.stat_values(key[0], key[2]), workspace.stat_values(key[1], key[2]))
+    matrices[key] = matrix = heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], values=values)
     if all(workspace.runs[name].reads_statistics_apart for name in key[:2]):
         for old in list(matrices)[:-KEPT_STATISTICS]:  # as many as the workspace keeps statistics
             del matrices[old]

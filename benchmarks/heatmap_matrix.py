@@ -1,0 +1,61 @@
+"""The divergence heatmap's matrix of a statistic, two ways side by side, on a 10,000-step x 1,000-site pair.
+
+    python benchmarks/heatmap_matrix.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
+                                        [--repeats 5]
+
+Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py``. For each statistic, with
+both runs' values already read (``Workspace.stat_values``), in this one process, alternating: the relative
+difference computed whole and then the matrix from it (``heatmap_matrix(relative=...)``), against the matrix
+computed from the two runs' values block by block (``heatmap_matrix(values=...)``, what the explorer and
+``views.heatmap`` use). Checks that both give the same matrix and prints the median time of each, their
+ratio, and the bytes the first keeps beyond the matrix (the relative difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from scale import ensure_pair  # type: ignore[import-not-found]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--sites", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=5, help="statistics measured (one pass each)")
+    args = parser.parse_args()
+    a, _, _ = ensure_pair(args.dir, args.steps, args.sites)
+
+    from workbench.figures.divergence import heatmap_matrix
+    from workbench.studies.workspace import Workspace
+
+    ws = Workspace.open(a.parent)
+    result = ws.comparison("a", "b")
+    whole, blocks, kept = [], [], 0
+    for stat in ["l2", "min", "max", "sum", "absmax", "sum_sq", "count"][:args.repeats]:
+        values = (ws.stat_values("a", stat), ws.stat_values("b", stat))
+        start = time.perf_counter()
+        relative = result.relative(stat, values)
+        first = heatmap_matrix(result, stat, relative=relative)
+        middle = time.perf_counter()
+        second = heatmap_matrix(result, stat, values=values)
+        end = time.perf_counter()
+        if not first.equals(second):
+            raise SystemExit(f"the two ways disagree on {stat}")
+        whole.append(middle - start)
+        blocks.append(end - middle)
+        kept = int(relative.nbytes)
+        result.forget(stat)
+    print(f"heatmap matrix of one statistic, {args.steps} steps x {args.sites} sites, median of {len(whole)}:")
+    print(f"  relative difference whole, then the matrix: {statistics.median(whole):.3f} s "
+          f"(and {kept / 2**20:.0f} MiB of relative difference kept per statistic)")
+    print(f"  from the two runs' values block by block:  {statistics.median(blocks):.3f} s (nothing kept)")
+    print(f"  ratio: {statistics.median(blocks) / statistics.median(whole):.2f}")
+
+
+if __name__ == "__main__":
+    main()
