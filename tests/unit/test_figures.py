@@ -354,3 +354,23 @@ def test_the_heatmap_matrix_from_the_two_runs_values_is_the_one_from_their_relat
     pd.testing.assert_frame_equal(later, heatmap_matrix(result, "max", steps=(3, 7), values=(x, y)))
     with pytest.raises(KeyError, match="not sites both runs recorded"):
         heatmap_matrix(result, sites=[*SITES[:2], "act:layers.9.mlp"], values=(x, y))
+
+
+@pytest.mark.parametrize("max_columns", [400, 7, 4])
+def test_the_heatmap_drawn_from_its_step_bins_is_the_one_drawn_from_the_whole_matrix(max_columns: int) -> None:
+    from workbench.figures.divergence import StepBins
+
+    a = records("a", steps=30)
+    b = perturb(a, "b", step=12, site="act:layers.0.mlp", later=False)
+    b = perturb(b, "b", step=27, site=SITES[-1], later=False)
+    result = compare(a, b)
+    assert result.frontier[SITES[-1]] == 27  # in the last bin, after its first step
+    full = heatmap_matrix(result)
+    bins = StepBins.of(full, max_columns)
+    assert bins.matrix.shape[1] <= max_columns and bins.last_step == 29
+    assert bins.matrix.shape[1] < 30 or max_columns == 400
+    chosen = list(full.index[1::2])
+    for rows, binned in ((list(full.index), bins), (chosen, bins.rows(chosen))):
+        whole = divergence_heatmap(result, matrix=full.loc[rows], max_columns=max_columns)
+        drawn = divergence_heatmap(result, overview=binned, max_columns=max_columns)
+        assert drawn.to_dict() == whole.to_dict()

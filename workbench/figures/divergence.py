@@ -17,6 +17,7 @@ label inside the plot, so nothing overlaps at screen size or at a paper's (``for
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -139,11 +140,50 @@ class _Gather:
         return self.values[np.ix_(self.rows[start:stop], self.columns)]
 
 
+MAX_COLUMNS = 400
+"""Step columns of the heatmap at most (``divergence_heatmap``'s ``max_columns``, ``StepBins``')."""
+
+
+@dataclass(frozen=True)
+class StepBins:
+    """A ``heatmap_matrix`` binned over steps as ``divergence_heatmap`` bins it at ``max_columns``: each site's
+    largest value in each bin (columns: the first step of each bin), a few hundred columns whatever the run's
+    length. ``divergence_heatmap(overview=...)`` draws the same figure from it as from the whole matrix, so a
+    view of every step holds this instead (10k steps x 1k sites: 3 MB instead of 80)."""
+
+    matrix: pd.DataFrame
+    width: int
+    """Columns of the whole matrix per bin."""
+    last_step: int
+    """The whole matrix's last column (the last bin's own last step)."""
+
+    @classmethod
+    def of(cls, matrix: pd.DataFrame, max_columns: int = MAX_COLUMNS) -> StepBins:
+        width = _bins(matrix.shape[1], max_columns)
+        binned = pd.DataFrame(_binned_max(matrix.to_numpy(), 1, width), index=matrix.index,
+                              columns=matrix.columns[::width])
+        return cls(binned, width, int(matrix.columns[-1]) if matrix.shape[1] else -1)
+
+    def rows(self, sites: list[str]) -> StepBins:
+        """Only ``sites``' rows (in that order)."""
+        return StepBins(self.matrix.loc[sites], self.width, self.last_step)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.matrix.to_numpy().nbytes)
+
+
 def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str] | None = None,
-                       steps: tuple[int, int] | None = None, max_rows: int = 600, max_columns: int = 400,
-                       provenance: Provenance | None = None, matrix: pd.DataFrame | None = None) -> go.Figure:
-    """The heatmap described in the module docstring; ``matrix`` reuses a ``heatmap_matrix``."""
-    full = matrix if matrix is not None else heatmap_matrix(result, stat, sites=sites, steps=steps)
+                       steps: tuple[int, int] | None = None, max_rows: int = 600, max_columns: int = MAX_COLUMNS,
+                       provenance: Provenance | None = None, matrix: pd.DataFrame | None = None,
+                       overview: StepBins | None = None) -> go.Figure:
+    """The heatmap described in the module docstring; ``matrix`` reuses a ``heatmap_matrix``, ``overview`` its
+    ``StepBins`` (made at the same ``max_columns``), whose rows may be a selection of its sites."""
+    if overview is not None:
+        full, binned, last_step = overview.matrix, overview.width, overview.last_step
+    else:
+        full = matrix if matrix is not None else heatmap_matrix(result, stat, sites=sites, steps=steps)
+        binned, last_step = 1, (int(full.columns.max()) if full.shape[1] else -1)
     row_width, column_width = _bins(full.shape[0], max_rows), _bins(full.shape[1], max_columns)
     row_starts, column_starts = np.arange(0, full.shape[0], row_width), np.arange(0, full.shape[1], column_width)
     z = _binned_max(_binned_max(full.to_numpy(), 1, column_width), 0, row_width)
@@ -156,7 +196,7 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
                       tickvals=ticks, ticktext=["equal", "bits only", *map(str, ticks[2:])]),
         hovertemplate="step %{x}<br>%{y}<br>log10 relative difference %{z:.2f}<extra></extra>", name="difference"))
     _mark_layers(fig, row_names)
-    shown_steps = (int(full.columns.min()), int(full.columns.max())) if full.shape[1] else (0, -1)
+    shown_steps = (int(full.columns.min()), last_step) if full.shape[1] else (0, -1)
     frontier = result.frontier.reindex([s for s in full.index if s in result.frontier.index]).dropna()
     frontier = frontier[(frontier >= shown_steps[0]) & (frontier <= shown_steps[1])]
     if len(frontier):
@@ -185,7 +225,8 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     fig.update_xaxes(title="step", showgrid=False, zeroline=False)
     fig.update_yaxes(range=[len(row_names) - 0.5, -0.5], showgrid=False, title="site (model order)")
     if columns:  # explicit: the markers would otherwise pad the axis beyond the matrix
-        fig.update_xaxes(range=[columns[0] - column_width / 2, columns[-1] + column_width / 2])
+        half = column_width * binned / 2
+        fig.update_xaxes(range=[columns[0] - half, columns[-1] + half])
     return fig
 
 

@@ -307,6 +307,13 @@ class Workspace:
             self._keep_recent(name, stat)
         return values
 
+    def peek_stat_values(self, name: str, stat: str) -> xr.DataArray:
+        """``stat_values`` without changing the cache: the cached values when held, else read and not kept (for
+        background work that must not push out what a view shows)."""
+        with self._lock:
+            held = self._stat_values.get((name, stat))
+        return held if held is not None else self.runs[name].statistic(stat)
+
     def _keep_recent(self, name: str, stat: str) -> None:
         """Mark ``stat`` of ``name`` the latest used; drop the statistics beyond ``KEPT_STATISTICS``, and the
         relative differences computed from them."""

@@ -25,7 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
-from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
+from workbench.figures.divergence import StepBins, divergence_heatmap, heatmap_matrix
 from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
@@ -44,6 +44,8 @@ class DivergenceExplorer(WorkbenchWidget):
                  other: str | None = None) -> None:
         super().__init__()
         self._matrices: dict[Key, pd.DataFrame] = {}
+        self._overviews: dict[Key, StepBins] = {}
+        self._series: dict[tuple[Key, str], dict[str, pd.Series]] = {}  # (key, site): per run
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
         self._detail: Key | None = None  # what the site detail shows
@@ -87,7 +89,7 @@ class DivergenceExplorer(WorkbenchWidget):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.workspace, self._matrices, self.selected = workspace, {}, None
+        self.workspace, self._matrices, self._overviews, self._series, self.selected = workspace, {}, {}, {}, None
         reference = reference or workspace.roles.reference
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.roles.others + workspace.roles.floor_runs if n != reference),
@@ -97,11 +99,14 @@ class DivergenceExplorer(WorkbenchWidget):
         self.other.options, self.other.value = workspace.recorded, first_other
         self._quiet = False
         self.update(reset_ranges=True)
-        # then every statistic, in the background (after the first heatmap, so as not to slow it down), and
-        # the other statistics' matrices of this pair
-        if workspace.preload([reference, first_other]):  # stores that read one statistic at a time need neither
-            workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, (reference, first_other, stat))
-                                  for stat in self.stat.options if stat != self.stat.value])
+        # then, in the background (after the first heatmap, so as not to slow it down), every statistic and the
+        # other statistics' matrices of this pair for a store that keeps every statistic in one chunk; for one
+        # that reads one statistic at a time, the other statistics' step bins (each read, binned and dropped)
+        others = [(reference, first_other, stat) for stat in self.stat.options if stat != self.stat.value]
+        if workspace.preload([reference, first_other]):
+            workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, key) for key in others])
+        else:
+            workspace.read_ahead([partial(self._read_ahead, key) for key in others])
 
     def _matrix(self) -> pd.DataFrame:
         """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""
@@ -109,6 +114,26 @@ class DivergenceExplorer(WorkbenchWidget):
         key = (self.reference.value, self.other.value, self.stat.value)
         _matrix_of(self.workspace, self._matrices, key)
         return self._matrices[key]
+
+    def _read_ahead(self, key: Key) -> int:
+        """In the background: the step bins of ``key`` and, from the same read, the series of the site shown in
+        the detail (so that a new statistic's heatmap and detail need no read of it); the bytes they hold."""
+        assert self.workspace is not None
+        site = self.selected[0] if self.selected else None
+        return _overview_of(self.workspace, self._overviews, key, site=site, series=self._series)
+
+    def _overview(self) -> StepBins:
+        """The step bins of the current pair and statistic: what a view of every step draws (kept for each
+        statistic of the pair shown, a few MB each; from the full matrix when it is cached, else computed
+        without keeping it)."""
+        assert self.workspace is not None
+        key = (self.reference.value, self.other.value, self.stat.value)
+        for old in [k for k in list(self._overviews) if k[:2] != key[:2]]:  # another pair's
+            self._overviews.pop(old, None)
+        if key in self._matrices:
+            self._overviews.setdefault(key, StepBins.of(self._matrices[key]))
+        _overview_of(self.workspace, self._overviews, key, cache=True)
+        return self._overviews[key]
 
     def selected_sites(self, sites: list[str]) -> list[str]:
         """``sites`` passing the glob, kind and layer filters."""
@@ -137,14 +162,18 @@ class DivergenceExplorer(WorkbenchWidget):
             return
         if reset_ranges:
             self._reset_ranges(result.common_sites, result.common_steps)
-        full = self._matrix()
-        rows = self.selected_sites(list(full.index))
         low, high = self.steps.value
-        everything = len(rows) == len(full.index) and full.shape[1] > 0 and \
-            (low, high) == (full.columns[0], full.columns[-1])
-        matrix = full if everything else full.loc[rows, low:high]  # a copy of 10M cells takes 20-250 ms
-        figure = divergence_heatmap(result, self.stat.value, matrix=matrix,
-                                    provenance=self.workspace.provenance([result.a, result.b]))
+        provenance = self.workspace.provenance([result.a, result.b])
+        if (low, high) == (self.steps.min, self.steps.max):  # every step: drawn from the step bins
+            bins = self._overview()
+            rows = self.selected_sites(list(bins.matrix.index))
+            figure = divergence_heatmap(result, self.stat.value, provenance=provenance,
+                                        overview=bins if len(rows) == len(bins.matrix.index) else bins.rows(rows))
+        else:
+            full = self._matrix()
+            rows = self.selected_sites(list(full.index))
+            figure = divergence_heatmap(result, self.stat.value, matrix=full.loc[rows, low:high],
+                                        provenance=provenance)
         show(self.heatmap, figure)
         self.heatmap.data[0].on_click(self._on_click)
         verdict = ("bitwise identical" if result.identical else
@@ -184,7 +213,8 @@ class DivergenceExplorer(WorkbenchWidget):
         self.selected = (site, step)
         a, b = self.reference.value, self.other.value
         self._detail = (a, b, self.stat.value)
-        series = self.workspace.site_series(site, self.stat.value, [a, b])
+        kept = self._series.get(((a, b, self.stat.value), site))
+        series = kept if kept is not None else self.workspace.site_series(site, self.stat.value, [a, b])
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
         figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
@@ -213,6 +243,26 @@ class DivergenceExplorer(WorkbenchWidget):
         low, high = self.steps.value
         return self.figures(), {"divergence-heatmap": matrix.loc[rows, low:high]}
 
+
+
+def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key, *, cache: bool = False,
+                 site: str | None = None, series: dict[tuple[Key, str], dict[str, pd.Series]] | None = None) -> int:
+    """Compute the step bins of ``key`` (reference, other, statistic) into ``overviews`` unless they are there,
+    from the two runs' statistics: the workspace's cached ones (``cache``: read and kept when missing), else
+    read and dropped (``Workspace.peek_stat_values``); the full matrix is not kept. With ``site`` and
+    ``series``, that site's series of both runs go into ``series`` too (those of other sites are dropped). The
+    bytes they hold."""
+    if key in overviews:
+        return 0
+    read = workspace.stat_values if cache else workspace.peek_stat_values
+    values = (read(key[0], key[2]), read(key[1], key[2]))
+    bins = StepBins.of(heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], values=values))
+    overviews[key] = bins
+    if site is not None and series is not None and all(site in v.indexes["site"] for v in values):
+        for old in [k for k in list(series) if k[1] != site]:
+            series.pop(old, None)
+        series[(key, site)] = {name: v.sel(site=site).to_series() for name, v in zip(key[:2], values, strict=True)}
+    return bins.nbytes
 
 
 def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key) -> int:

@@ -1,0 +1,54 @@
+"""The divergence explorer on a store that reads one statistic at a time (schema 3, 512 sites and more)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
+from workbench.store.reader import Run, open_run
+from workbench.store.synthetic import write_synthetic_run
+from workbench.widgets.explorer import DivergenceExplorer
+
+
+def sent(values: Any) -> np.ndarray:
+    """What a FigureWidget holds: a typed array as sent to the browser (``widgets.common.show``), or a list."""
+    if isinstance(values, dict) and "bdata" in values:
+        shape = [int(n) for n in str(values.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).reshape(shape)
+    return np.asarray(values)
+
+
+def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_one_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4)
+    b = write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5))
+    explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
+    ws = explorer.workspace
+    assert ws is not None and open_run(a).reads_statistics_apart
+    assert ws.preloaded(timeout=300)  # the other statistics' step bins, read in the background
+    assert explorer.selected is not None
+    site = explorer.selected[0]
+    reads: list[str] = []
+    statistic = Run.statistic
+    monkeypatch.setattr(Run, "statistic", lambda self, name: (reads.append(name), statistic(self, name))[1])
+
+    explorer.stat.value = "max"
+    assert reads == []  # neither the heatmap nor the site's detail read the statistic again
+    assert {key for key in ws._stat_values} == {("a", "l2"), ("b", "l2")}  # the first one shown, nothing else
+    result = ws.comparison("a", "b")
+    values = (open_run(a).statistic("max"), open_run(b).statistic("max"))
+    expected = divergence_heatmap(result, "max", matrix=heatmap_matrix(result, "max", values=values))
+    np.testing.assert_array_equal(sent(explorer.heatmap.data[0].z), np.asarray(expected.data[0].z))
+    detail = {t.name: sent(t.y) for t in explorer.detail.data if t.name in ("a", "b") and t.yaxis in (None, "y")}
+    for name, run_values in zip("ab", values, strict=True):
+        np.testing.assert_array_equal(detail[name], run_values.sel(site=site).to_numpy())
+
+    reads.clear()
+    explorer.steps.value = (20, 100)  # a range of steps: the full matrix, read when asked
+    assert sorted(reads) == ["max", "max"]
+    assert sent(explorer.heatmap.data[0].x).tolist() == list(range(20, 101))
