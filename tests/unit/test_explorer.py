@@ -1,4 +1,5 @@
-"""The divergence explorer on a store that reads one statistic at a time (schema 3, 512 sites and more)."""
+"""The divergence explorer on long runs: a store that reads one statistic at a time (schema 3, 512 sites and
+more) and one that keeps them all in one chunk (schema 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
+from workbench.statistics import STAT_NAMES
 from workbench.store.reader import Run, open_run
 from workbench.store.synthetic import write_synthetic_run
 from workbench.widgets.explorer import DivergenceExplorer
@@ -23,13 +25,15 @@ def sent(values: Any) -> np.ndarray:
     return np.asarray(values)
 
 
+@pytest.mark.parametrize("schema_version", [2, 3])
 def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_one_is_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    a = write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4)
-    b = write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5))
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_version: int) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4, schema_version=schema_version)
+    b = write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5),
+                            schema_version=schema_version)
     explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
     ws = explorer.workspace
-    assert ws is not None and open_run(a).reads_statistics_apart
+    assert ws is not None and open_run(a).reads_statistics_apart == (schema_version == 3)
     assert ws.preloaded(timeout=300)  # the other statistics' step bins, read in the background
     assert explorer.selected is not None
     site = explorer.selected[0]
@@ -39,7 +43,10 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_on
 
     explorer.stat.value = "max"
     assert reads == []  # neither the heatmap nor the site's detail read the statistic again
-    assert {key for key in ws._stat_values} == {("a", "l2"), ("b", "l2")}  # the first one shown, nothing else
+    # schema 3: the first statistic shown, nothing else; schema 2: every one, read in one pass
+    kept = {("a", "l2"), ("b", "l2")} if schema_version == 3 else {(n, s) for n in "ab" for s in STAT_NAMES}
+    assert set(ws._stat_values) == kept
+    assert explorer._matrices == {}  # a view of every step holds step bins, not the full matrix
     result = ws.comparison("a", "b")
     values = (open_run(a).statistic("max"), open_run(b).statistic("max"))
     expected = divergence_heatmap(result, "max", matrix=heatmap_matrix(result, "max", values=values))
@@ -50,5 +57,6 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_on
 
     reads.clear()
     explorer.steps.value = (20, 100)  # a range of steps: the full matrix, read when asked
-    assert sorted(reads) == ["max", "max"]
+    assert sorted(reads) == (["max", "max"] if schema_version == 3 else [])  # schema 2: held already
+    assert list(explorer._matrices) == [("a", "b", "max")]
     assert sent(explorer.heatmap.data[0].x).tolist() == list(range(20, 101))

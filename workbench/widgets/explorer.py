@@ -99,20 +99,28 @@ class DivergenceExplorer(WorkbenchWidget):
         self.other.options, self.other.value = workspace.recorded, first_other
         self._quiet = False
         self.update(reset_ranges=True)
-        # then, in the background (after the first heatmap, so as not to slow it down), every statistic and the
-        # other statistics' matrices of this pair for a store that keeps every statistic in one chunk; for one
-        # that reads one statistic at a time, the other statistics' step bins (each read, binned and dropped)
-        others = [(reference, first_other, stat) for stat in self.stat.options if stat != self.stat.value]
-        if workspace.preload([reference, first_other]):
-            workspace.read_ahead([partial(_matrix_of, workspace, self._matrices, key) for key in others])
-        else:
-            workspace.read_ahead([partial(self._read_ahead, key) for key in others])
+        # then, in the background (after the first heatmap, so as not to slow it down): every statistic of a
+        # store that keeps them all in one chunk (read in one pass and kept, within the workspace's budget), and
+        # the other statistics' step bins of this pair (a statistic read apart is read for them and dropped; a
+        # store too large to read in one pass is not read ahead, each of its statistics costing that pass)
+        pair = (reference, first_other)
+        started = set(workspace.preload(pair))
+        if all(workspace.runs[name].reads_statistics_apart or name in started for name in pair):
+            workspace.read_ahead([partial(self._read_ahead, (*pair, stat))
+                                  for stat in self.stat.options if stat != self.stat.value])
 
     def _matrix(self) -> pd.DataFrame:
-        """Full site x step matrix of the current pair and statistic (cached: the expensive part)."""
+        """Full site x step matrix of the current pair and statistic, for a range of steps and the export
+        (the latest ``KEPT_STATISTICS`` kept: a view of every step needs none)."""
         assert self.workspace is not None
         key = (self.reference.value, self.other.value, self.stat.value)
-        _matrix_of(self.workspace, self._matrices, key)
+        if key in self._matrices:
+            self._matrices[key] = self._matrices.pop(key)  # the latest used last
+        else:
+            values = (self.workspace.stat_values(key[0], key[2]), self.workspace.stat_values(key[1], key[2]))
+            self._matrices[key] = heatmap_matrix(self.workspace.comparison(key[0], key[1]), key[2], values=values)
+            for old in list(self._matrices)[:-KEPT_STATISTICS]:
+                del self._matrices[old]
         return self._matrices[key]
 
     def _read_ahead(self, key: Key) -> int:
@@ -263,18 +271,3 @@ def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key,
             series.pop(old, None)
         series[(key, site)] = {name: v.sel(site=site).to_series() for name, v in zip(key[:2], values, strict=True)}
     return bins.nbytes
-
-
-def _matrix_of(workspace: Workspace, matrices: dict[Key, pd.DataFrame], key: Key) -> int:
-    """Compute the heatmap matrix of ``key`` (reference, other, statistic) into ``matrices`` unless it is there,
-    from the two runs' cached statistics (the relative difference is not kept); the bytes it holds (0 when it
-    was there)."""
-    if key in matrices:
-        matrices[key] = matrices.pop(key)  # the latest used last
-        return 0
-    values = (workspace.stat_values(key[0], key[2]), workspace.stat_values(key[1], key[2]))
-    matrices[key] = matrix = heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], values=values)
-    if all(workspace.runs[name].reads_statistics_apart for name in key[:2]):
-        for old in list(matrices)[:-KEPT_STATISTICS]:  # as many as the workspace keeps statistics
-            del matrices[old]
-    return int(matrix.to_numpy().nbytes)
