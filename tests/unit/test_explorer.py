@@ -60,3 +60,35 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_on
     assert sorted(reads) == (["max", "max"] if schema_version == 3 else [])  # schema 2: held already
     assert list(explorer._matrices) == [("a", "b", "max")]
     assert sent(explorer.heatmap.data[0].x).tolist() == list(range(20, 101))
+
+
+def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.widgets.trajectories import SITE_STATISTIC, TrajectoryWidget
+
+    paths = [write_synthetic_run(tmp_path / name, steps=150, sites=600, seed=4, diverge_at=at)
+             for name, at in (("a", None), ("b", (70, 5)))]
+    widget = TrajectoryWidget(tmp_path, runs=["a", "b"], quantity=SITE_STATISTIC, stat="l2")
+    ws = widget.workspace
+    assert ws is not None and ws.preloaded(timeout=300)
+    site = widget.site.value
+    reads: list[str] = []
+    statistic = Run.statistic
+    monkeypatch.setattr(Run, "statistic", lambda self, name: (reads.append(name), statistic(self, name))[1])
+    widget.stat.value = "max"
+    assert reads == []  # read ahead for this site, and not kept whole
+    assert not any(stat == "max" for _, stat in ws._stat_values)
+    for name, path in zip("ab", paths, strict=True):
+        np.testing.assert_array_equal(widget.plotted[name].to_numpy(),
+                                      open_run(path).statistic("max").sel(site=site).to_numpy())
+    reads.clear()  # the reads just above
+    other = next(s for s in widget.site.options if s != site)
+    widget.site.value = other  # another site: read when chosen, and its other statistics read ahead
+    assert ws.preloaded(timeout=300)
+    held = {stat for _, stat in ws._stat_values}
+    assert held == {"l2", "max"}  # the two shown, kept whole: nothing else
+    # each other statistic of each run read once (the two held are taken from memory)
+    assert sorted(reads) == sorted(2 * [s for s in STAT_NAMES if s != "l2"])
+    reads.clear()
+    widget.stat.value = "min"
+    assert reads == [] and not any(key[2] == site for key in ws._site_series)  # the earlier site's dropped

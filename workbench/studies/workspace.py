@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,6 +41,7 @@ from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
 from workbench.analysis.sources import attribution, source_cost
 from workbench.errors import ArgumentError, RunNotFoundError
+from workbench.statistics import STAT_NAMES
 from workbench.store import layout
 from workbench.store.manifest import RUNNER, Provenance
 from workbench.store.reader import Run, find_runs, open_run
@@ -85,6 +86,9 @@ class Workspace:
         self._ladders: dict[tuple[str, tuple[str, ...], str, bool], Ladder] = {}
         self._recent: dict[str, list[str]] = {}
         """Per run that reads statistics apart: the statistics in ``_stat_values``, oldest first."""
+        self._site_series: dict[tuple[str, str, str], pd.Series] = {}
+        """(run, statistic, site): the series ``read_site_ahead`` kept, of one site (``_site_ahead``)."""
+        self._site_ahead: str | None = None
         self._loading: dict[str, threading.Thread] = {}
         self._ahead: list[threading.Thread] = []
         self._preload_bytes = int(float(os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD_MB)) * 2**20)
@@ -401,13 +405,45 @@ class Workspace:
         return self.comparison(a, b).relative(stat, (self.stat_values(a, stat), self.stat_values(b, stat)))
 
     def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
-        """One statistic of one site over steps, per run (from the cached ``stat_values``)."""
+        """One statistic of one site over steps, per run (read ahead by ``read_site_ahead``, else from the
+        cached ``stat_values``)."""
         series = {}
         for name in self.recorded if names is None else names:
+            with self._lock:
+                kept = self._site_series.get((name, stat, site))
+            if kept is not None:
+                series[name] = kept
+                continue
             values = self.stat_values(name, stat)
             if site in values.indexes["site"]:
                 series[name] = values.sel(site=site).to_series()
         return series
+
+    def read_site_ahead(self, site: str, names: Iterable[str]) -> None:
+        """Every statistic of ``site`` in the runs among ``names`` that read statistics apart, in the background
+        (``read_ahead``): each statistic read once and dropped, the site's series kept, so that
+        ``site_series`` of another statistic reads nothing. For one site at a time: a later call drops the
+        series of the earlier site and the reads still queued for it."""
+        chosen = [n for n in dict.fromkeys(names) if n in self.recorded and self.runs[n].reads_statistics_apart]
+        with self._lock:
+            if self._site_ahead != site:
+                self._site_series = {k: v for k, v in self._site_series.items() if k[2] == site}
+            self._site_ahead = site
+
+        def task(name: str, stat: str) -> int:
+            with self._lock:
+                if self._site_ahead != site or (name, stat, site) in self._site_series:
+                    return 0
+            values = self.peek_stat_values(name, stat)
+            if site not in values.indexes["site"]:
+                return 0
+            series = values.sel(site=site).to_series()
+            with self._lock:
+                if self._site_ahead == site:
+                    self._site_series[(name, stat, site)] = series
+            return int(series.nbytes)
+
+        self.read_ahead([partial(task, name, stat) for stat in STAT_NAMES for name in chosen])
 
     def site_band(self, site: str, stat: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of one site's statistic over the recorded runs among ``names``."""

@@ -45,6 +45,7 @@ class TrajectoryWidget(WorkbenchWidget):
         self.last_update_s = 0.0
         self.plotted = pd.DataFrame()
         """The series drawn last, one column per run (what the export bar writes as CSV)."""
+        self._read_ahead: tuple[str, tuple[str, ...]] | None = None  # (site, runs) whose statistics are read ahead
         self.runs = widgets.SelectMultiple(description="runs", rows=6, style=style)
         self.reference = widgets.Dropdown(description="reference", style=style)
         self.quantity = widgets.Dropdown(options=[*_SCALARS, SITE_STATISTIC], value=quantity if quantity in
@@ -77,7 +78,7 @@ class TrajectoryWidget(WorkbenchWidget):
         if workspace is None:
             return
         quiet, self._quiet = self._quiet, True
-        self.workspace = workspace
+        self.workspace, self._read_ahead = workspace, None
         roles = workspace.roles
         chosen = [n for n in (runs or [roles.reference, *roles.floor_runs, *roles.others][:6])
                   if n in workspace.runs]
@@ -124,6 +125,11 @@ class TrajectoryWidget(WorkbenchWidget):
         self.plotted = view.data
         show(self.figure, view.figure)
         self.last_update_s = time.perf_counter() - start
+        ws = self.workspace
+        ahead = (self.site.value, (*self.runs.value, *ws.roles.floor_runs, *ws.roles.seed_runs))
+        if self.quantity.value == SITE_STATISTIC and ahead != self._read_ahead:
+            self._read_ahead = ahead  # the site's other statistics, read ahead in the background
+            ws.read_site_ahead(*ahead)
         quantity = f"{self.stat.value} of {self.site.value}" if self.quantity.value == SITE_STATISTIC \
             else self.quantity.value
         reference = self.reference.value if self.reference.value in view.data else view.data.columns[0]
