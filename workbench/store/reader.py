@@ -485,7 +485,8 @@ def _open_url(url: str) -> Run:
     try:
         import fsspec
 
-        exists = fsspec.core.url_to_fs(store)[0].exists(f"{fsspec.core.url_to_fs(store)[1]}/zarr.json")
+        fs, root = fsspec.core.url_to_fs(store)
+        exists = fs.exists(f"{root}/zarr.json")
     except (ImportError, ValueError) as err:  # no filesystem for the scheme, or a malformed URL
         raise RunNotFoundError(f"{url}: cannot be read ({err})") from None
     if not exists:

@@ -425,25 +425,38 @@ class Workspace:
         ``site_series`` of another statistic reads nothing. For one site at a time: a later call drops the
         series of the earlier site and the reads still queued for it."""
         chosen = [n for n in dict.fromkeys(names) if n in self.recorded and self.runs[n].reads_statistics_apart]
-        with self._lock:
-            if self._site_ahead != site:
-                self._site_series = {k: v for k, v in self._site_series.items() if k[2] == site}
-            self._site_ahead = site
+        self.follow_site(site)
 
         def task(name: str, stat: str) -> int:
             with self._lock:
                 if self._site_ahead != site or (name, stat, site) in self._site_series:
                     return 0
-            values = self.peek_stat_values(name, stat)
-            if site not in values.indexes["site"]:
-                return 0
-            series = values.sel(site=site).to_series()
-            with self._lock:
-                if self._site_ahead == site:
-                    self._site_series[(name, stat, site)] = series
-            return int(series.nbytes)
+            return self.keep_site_series(site, stat, {name: self.peek_stat_values(name, stat)})
 
         self.read_ahead([partial(task, name, stat) for stat in STAT_NAMES for name in chosen])
+
+    def keep_site_series(self, site: str, stat: str, values: dict[str, xr.DataArray]) -> int:
+        """Keep ``site``'s series of ``stat`` from runs' (step, site) ``values`` read for other work, for
+        ``site_series`` (one site at a time, as ``read_site_ahead``: another site's series are dropped, and
+        nothing is kept for a site no longer the one read ahead); the bytes kept."""
+        kept = 0
+        for name, run_values in values.items():
+            if site not in run_values.indexes["site"]:
+                continue
+            series = run_values.sel(site=site).to_series()
+            with self._lock:
+                if self._site_ahead != site:
+                    return kept
+                self._site_series[(name, stat, site)] = series
+            kept += int(series.nbytes)
+        return kept
+
+    def follow_site(self, site: str) -> None:
+        """Make ``site`` the one whose series ``keep_site_series`` keeps, dropping another site's."""
+        with self._lock:
+            if self._site_ahead != site:
+                self._site_series = {k: v for k, v in self._site_series.items() if k[2] == site}
+            self._site_ahead = site
 
     def site_band(self, site: str, stat: str, names: Iterable[str]) -> tuple[pd.Series, pd.Series] | None:
         """The envelope (min, max per step) of one site's statistic over the recorded runs among ``names``."""

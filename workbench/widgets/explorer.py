@@ -45,7 +45,6 @@ class DivergenceExplorer(WorkbenchWidget):
         super().__init__()
         self._matrices: dict[Key, pd.DataFrame] = {}
         self._overviews: dict[Key, StepBins] = {}
-        self._series: dict[tuple[Key, str], dict[str, pd.Series]] = {}  # (key, site): per run
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
         self._detail: Key | None = None  # what the site detail shows
@@ -89,7 +88,7 @@ class DivergenceExplorer(WorkbenchWidget):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.workspace, self._matrices, self._overviews, self._series, self.selected = workspace, {}, {}, {}, None
+        self.workspace, self._matrices, self._overviews, self.selected = workspace, {}, {}, None
         reference = reference or workspace.roles.reference
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.roles.others + workspace.roles.floor_runs if n != reference),
@@ -128,7 +127,7 @@ class DivergenceExplorer(WorkbenchWidget):
         the detail (so that a new statistic's heatmap and detail need no read of it); the bytes they hold."""
         assert self.workspace is not None
         site = self.selected[0] if self.selected else None
-        return _overview_of(self.workspace, self._overviews, key, site=site, series=self._series)
+        return _overview_of(self.workspace, self._overviews, key, site=site)
 
     def _overview(self) -> StepBins:
         """The step bins of the current pair and statistic: what a view of every step draws (kept for each
@@ -221,8 +220,8 @@ class DivergenceExplorer(WorkbenchWidget):
         self.selected = (site, step)
         a, b = self.reference.value, self.other.value
         self._detail = (a, b, self.stat.value)
-        kept = self._series.get(((a, b, self.stat.value), site))
-        series = kept if kept is not None else self.workspace.site_series(site, self.stat.value, [a, b])
+        self.workspace.follow_site(site)  # its other statistics' series kept as the background reads them
+        series = self.workspace.site_series(site, self.stat.value, [a, b])
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
         figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
@@ -254,20 +253,16 @@ class DivergenceExplorer(WorkbenchWidget):
 
 
 def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key, *, cache: bool = False,
-                 site: str | None = None, series: dict[tuple[Key, str], dict[str, pd.Series]] | None = None) -> int:
+                 site: str | None = None) -> int:
     """Compute the step bins of ``key`` (reference, other, statistic) into ``overviews`` unless they are there,
     from the two runs' statistics: the workspace's cached ones (``cache``: read and kept when missing), else
-    read and dropped (``Workspace.peek_stat_values``); the full matrix is not kept. With ``site`` and
-    ``series``, that site's series of both runs go into ``series`` too (those of other sites are dropped). The
-    bytes they hold."""
+    read and dropped (``Workspace.peek_stat_values``); the full matrix is not kept. With ``site``, that site's
+    series of both runs are kept too (``Workspace.keep_site_series``). The bytes they hold."""
     if key in overviews:
         return 0
     read = workspace.stat_values if cache else workspace.peek_stat_values
     values = (read(key[0], key[2]), read(key[1], key[2]))
     bins = StepBins.of(heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], values=values))
     overviews[key] = bins
-    if site is not None and series is not None and all(site in v.indexes["site"] for v in values):
-        for old in [k for k in list(series) if k[1] != site]:
-            series.pop(old, None)
-        series[(key, site)] = {name: v.sel(site=site).to_series() for name, v in zip(key[:2], values, strict=True)}
-    return bins.nbytes
+    kept = workspace.keep_site_series(site, key[2], dict(zip(key[:2], values, strict=True))) if site else 0
+    return bins.nbytes + kept
