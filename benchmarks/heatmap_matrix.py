@@ -7,8 +7,10 @@ Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py``
 both runs' values already read (``Workspace.stat_values``), in this one process, alternating: the relative
 difference computed whole and then the matrix from it (``heatmap_matrix(relative=...)``), against the matrix
 computed from the two runs' values block by block (``heatmap_matrix(values=...)``, what the explorer and
-``views.heatmap`` use). Checks that both give the same matrix and prints the median time of each, their
-ratio, and the bytes the first keeps beyond the matrix (the relative difference).
+``views.heatmap`` use for a range of steps). Then what a view of every step draws: the step bins made from that
+matrix (``StepBins.of``) against the step bins made from the two runs' values without it
+(``StepBins.of_values``, what the explorer uses). Checks that each two ways give the same result and prints the
+median time of each, their ratio, and the bytes the first keeps beyond the matrix (the relative difference).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ def main() -> None:
     args = parser.parse_args()
     a, _, _ = ensure_pair(args.dir, args.steps, args.sites)
 
-    from workbench.figures.divergence import heatmap_matrix
+    from workbench.figures.divergence import StepBins, heatmap_matrix
     from workbench.studies.workspace import Workspace
 
     ws = Workspace.open(a.parent)
     result = ws.comparison("a", "b")
-    whole, blocks, kept = [], [], 0
+    whole, blocks, binned, direct, kept = [], [], [], [], 0
     for stat in ["l2", "min", "max", "sum", "absmax", "sum_sq", "count"][:args.repeats]:
         values = (ws.stat_values("a", stat), ws.stat_values("b", stat))
         start = time.perf_counter()
@@ -44,10 +46,16 @@ def main() -> None:
         middle = time.perf_counter()
         second = heatmap_matrix(result, stat, values=values)
         end = time.perf_counter()
-        if not first.equals(second):
+        bins = StepBins.of(second)
+        after = time.perf_counter()
+        from_values = StepBins.of_values(result, values)
+        last = time.perf_counter()
+        if not first.equals(second) or not bins.matrix.equals(from_values.matrix):
             raise SystemExit(f"the two ways disagree on {stat}")
         whole.append(middle - start)
         blocks.append(end - middle)
+        binned.append(after - middle)  # the matrix and its bins
+        direct.append(last - after)
         kept = int(relative.nbytes)
         result.forget(stat)
     print(f"heatmap matrix of one statistic, {args.steps} steps x {args.sites} sites, median of {len(whole)}:")
@@ -55,6 +63,10 @@ def main() -> None:
           f"(and {kept / 2**20:.0f} MiB of relative difference kept per statistic)")
     print(f"  from the two runs' values block by block:  {statistics.median(blocks):.3f} s (nothing kept)")
     print(f"  ratio: {statistics.median(blocks) / statistics.median(whole):.2f}")
+    print("step bins of a view of every step (at most 400 columns):")
+    print(f"  from the matrix above (its time included):  {statistics.median(binned):.3f} s")
+    print(f"  from the two runs' values, no matrix:       {statistics.median(direct):.3f} s")
+    print(f"  ratio: {statistics.median(direct) / statistics.median(binned):.2f}")
 
 
 if __name__ == "__main__":

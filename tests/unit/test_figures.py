@@ -374,3 +374,32 @@ def test_the_heatmap_drawn_from_its_step_bins_is_the_one_drawn_from_the_whole_ma
         whole = divergence_heatmap(result, matrix=full.loc[rows], max_columns=max_columns)
         drawn = divergence_heatmap(result, overview=binned, max_columns=max_columns)
         assert drawn.to_dict() == whole.to_dict()
+
+
+@pytest.mark.parametrize("max_columns", [400, 4, 3])
+@pytest.mark.parametrize("block_cells", [1 << 16, 25])
+def test_step_bins_from_the_two_runs_values_are_those_of_the_whole_matrix(
+        max_columns: int, block_cells: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.figures.divergence as divergence
+    from workbench.figures.divergence import StepBins
+
+    a = records("a", steps=11)
+    b = perturb(a, "b", step=2, site="act:layers.0.mlp")
+    b = perturb(b, "b", step=9, site=SITES[-1], later=False)  # a difference alone in a late bin
+    result = compare(a, b)
+    x, y = a.stats.sel(stat="max").copy(), b.stats.sel(stat="max").copy()
+    x[4, 0], y[4, 0] = 0.0, 0.0  # equal zeros, then NaN against a number, then both NaN, then inf against -inf
+    x[5, 1], x[6, 2], y[6, 2], x[7, 3], y[7, 3] = np.nan, np.nan, np.nan, np.inf, -np.inf
+    y[8, 4] = x[8, 4]  # fingerprints differ, the statistic does not: "bits only"
+    monkeypatch.setattr(divergence, "_BLOCK_CELLS", block_cells)
+    full = heatmap_matrix(result, "max", values=(x, y))
+    assert {BITWISE_EQUAL, -17.0, 0.0} <= set(np.unique(full.to_numpy()))  # equal, bits only, undefined cells
+    expected = StepBins.of(full, max_columns)
+    # the other run's sites in another order and an extra step in front: found by name and step
+    shuffled = y.isel(site=list(range(len(SITES)))[::-1])
+    for other in (y, shuffled):
+        bins = StepBins.of_values(result, (x.isel(step=slice(0, None)), other), max_columns)
+        pd.testing.assert_frame_equal(bins.matrix, expected.matrix)
+        assert (bins.width, bins.last_step) == (expected.width, expected.last_step)
+    with pytest.raises(KeyError, match="not sites both runs recorded"):
+        StepBins.of_values(result, (x, y.isel(site=slice(1, None))), max_columns)

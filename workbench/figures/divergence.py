@@ -125,6 +125,7 @@ class _Gather:
     def __init__(self, array: xr.DataArray, steps: pd.Index | None, order: list[str]) -> None:
         self.values = np.asarray(array.to_numpy(), dtype=float)
         self.columns = array.indexes["site"].get_indexer(order)
+        self.in_order = bool(np.array_equal(self.columns, np.arange(self.values.shape[1])))
         rows = (np.arange(self.values.shape[0]) if steps is None else
                 array.indexes["step"].get_indexer(steps))
         if (rows < 0).any():
@@ -136,7 +137,8 @@ class _Gather:
     def take(self, start: int, stop: int) -> np.ndarray:
         if self.rows is None:
             stop = min(stop, self.count)
-            return self.values[self.first + start:self.first + stop][:, self.columns]
+            block = self.values[self.first + start:self.first + stop]
+            return block if self.in_order else block[:, self.columns]
         return self.values[np.ix_(self.rows[start:stop], self.columns)]
 
 
@@ -163,6 +165,37 @@ class StepBins:
         binned = pd.DataFrame(_binned_max(matrix.to_numpy(), 1, width), index=matrix.index,
                               columns=matrix.columns[::width])
         return cls(binned, width, int(matrix.columns[-1]) if matrix.shape[1] else -1)
+
+    @classmethod
+    def of_values(cls, result: Comparison, values: tuple[xr.DataArray, xr.DataArray],
+                  max_columns: int = MAX_COLUMNS) -> StepBins:
+        """``of(heatmap_matrix(result, stat, values=values), max_columns)``, never making the whole matrix: a
+        cell's value in the heatmap is a non-decreasing function of its relative difference (bitwise-equal
+        cells below every difference, an undefined one above), so each bin's largest relative difference is
+        found first, in the runs' own site order, and only the bins are turned into the heatmap's values and
+        put in model order (10k steps x 1k sites: ``benchmarks/heatmap_matrix.py``)."""
+        equal = result.equal
+        sites = list(equal.columns)
+        sources = [_Gather(v.transpose("step", "site"), equal.index, sites) for v in values]
+        missing = [site for i, site in enumerate(sites) if any(s.columns[i] < 0 for s in sources)]
+        if missing:
+            raise KeyError(f"not sites both runs recorded: {', '.join(missing[:5])}")
+        width = _bins(len(equal.index), max_columns)
+        is_equal = equal.to_numpy()
+        rows = max(1, _BLOCK_CELLS // max(len(sites), 1)) // width * width or width  # whole bins per block
+        binned = np.empty((-(-len(equal.index) // width), len(sites)))  # [bin, site]
+        for start in range(0, len(equal.index), rows):
+            block = relative_of(*(s.take(start, start + rows) for s in sources))  # [step, site]
+            np.copyto(block, np.inf, where=~np.isfinite(block))  # undefined: drawn as 0, above every difference
+            np.copyto(block, -1.0, where=is_equal[start:start + rows])  # below every difference
+            binned[start // width:-(-(start + len(block)) // width)] = _binned_max(block, 0, width)
+        with np.errstate(divide="ignore"):
+            values_of_bins = np.clip(np.log10(np.where(binned < 0, 1.0, binned)), DIFFERS_ONLY_IN_BITS, 0.0)
+        np.copyto(values_of_bins, BITWISE_EQUAL, where=binned < 0)
+        matrix = pd.DataFrame(values_of_bins.T, index=pd.Index(sites, name="site"), columns=equal.index[::width])
+        order = sites_in_model_order(sites)
+        last = int(equal.index[-1]) if len(equal.index) else -1
+        return cls(matrix if order == sites else matrix.loc[order], width, last)
 
     def rows(self, sites: list[str]) -> StepBins:
         """Only ``sites``' rows (in that order)."""

@@ -52,6 +52,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from workbench.errors import DamagedStoreError
+from workbench.store import chunk_files
 from workbench.untrusted import COUNT, JsonField, read_json_object
 
 SCHEMA_VERSION = 3
@@ -345,7 +346,11 @@ def _node(group: zarr.Group, path: str) -> zarr.Array | zarr.Group:
 
 
 def read(node: zarr.Array, selection: Any = slice(None)) -> np.ndarray:
-    """``node[selection]`` as numpy; ``DamagedStoreError`` naming the array if a chunk cannot be decoded."""
+    """``node[selection]`` as numpy; ``DamagedStoreError`` naming the array if a chunk cannot be decoded. Rows
+    of the store's own arrays are read from their files (``chunk_files``), the rest through Zarr."""
+    direct = chunk_files.read_selection(node, selection)
+    if direct is not None:
+        return direct
     try:
         return np.asarray(node[selection])
     except Exception as err:  # the codecs raise RuntimeError, ValueError, ... for a bad chunk

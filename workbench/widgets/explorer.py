@@ -262,7 +262,7 @@ def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key,
         return 0
     read = workspace.stat_values if cache else workspace.peek_stat_values
     values = (read(key[0], key[2]), read(key[1], key[2]))
-    bins = StepBins.of(heatmap_matrix(workspace.comparison(key[0], key[1]), key[2], values=values))
+    bins = StepBins.of_values(workspace.comparison(key[0], key[1]), values)
     overviews[key] = bins
     kept = workspace.keep_site_series(site, key[2], dict(zip(key[:2], values, strict=True))) if site else 0
     return bins.nbytes + kept
