@@ -1,11 +1,14 @@
 """Update latency and memory of the widgets on a 10,000-step x 1,000-site pair of runs, store layouts side by side.
 
     python benchmarks/widget_latency.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
-                                        [--schemas 2 3]
+                                        [--variants 2:zarr 3:zarr 3:direct]
 
-Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py`` in each store layout
-(``--schemas``: 2, every statistic of 64 steps in one chunk; 3, one statistic per chunk), and measures each
-in a fresh process of its own, one after the other, then prints them side by side. Memory: the process's
+Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py`` in each store layout, and
+measures each variant (``SCHEMA:READER``) in a fresh process of its own, one after the other, then prints them
+side by side. Schema 2: every statistic of 64 steps in one chunk; 3: one statistic per chunk, in shards.
+Reader ``zarr``: every array read through zarr-python (``store.chunk_files`` switched off in that process);
+``direct``: the store's own arrays read from their chunk files (``layout.read``, the default). ``2:zarr`` is
+the code before schema 3, ``3:direct`` the code now. Memory: the process's
 resident memory after the widgets' imports, after opening the explorer and its background work, and at the
 end of the interactions below (the explorer's session alone; the other widgets follow). Times the
 Python side of each interaction (filters, binning, figure build, FigureWidget update;
@@ -64,8 +67,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--sites", type=int, default=1_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--schemas", type=int, nargs="+", default=[2, 3])
-    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)  # a measuring process, of this schema
+    parser.add_argument("--variants", nargs="+", default=["2:zarr", "3:zarr", "3:direct"],
+                        help="SCHEMA:READER, READER zarr or direct")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # a measuring process, of this variant
     args = parser.parse_args()
     if args.measure is None:
         compare_layouts(args)
@@ -74,24 +78,31 @@ def main() -> None:
     sys.stdout.write(json.dumps(ROWS) + "\n")
 
 
+def _variant(text: str) -> tuple[int, str]:
+    schema, _, reader = text.partition(":")
+    if not schema.isdigit() or reader not in ("zarr", "direct"):
+        raise SystemExit(f"--variants: {text!r} is not SCHEMA:READER with READER zarr or direct")
+    return int(schema), reader
+
+
 def compare_layouts(args: argparse.Namespace) -> None:
-    for schema in args.schemas:
-        ensure_pair(args.dir, args.steps, args.sites, schema)
+    for variant in args.variants:
+        ensure_pair(args.dir, args.steps, args.sites, _variant(variant)[0])
     results = {}
-    for schema in args.schemas:
+    for variant in args.variants:
         command = [sys.executable, __file__, "--dir", str(args.dir), "--steps", str(args.steps), "--sites",
-                   str(args.sites), "--repeats", str(args.repeats), "--measure", str(schema)]
+                   str(args.sites), "--repeats", str(args.repeats), "--measure", variant]
         done = subprocess.run(command, check=True, capture_output=True, text=True)
-        results[schema] = json.loads(done.stdout.strip().splitlines()[-1])
-    labels = [row[0] for row in results[args.schemas[0]]]
-    header = "".join(f"{'schema ' + str(s):>22}" for s in args.schemas)
-    sys.stdout.write(f"{args.steps} steps x {args.sites} sites; each schema measured in a process of its own "
+        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+    labels = [row[0] for row in results[args.variants[0]]]
+    header = "".join(f"{'schema ' + v.replace(':', ', '):>22}" for v in args.variants)
+    sys.stdout.write(f"{args.steps} steps x {args.sites} sites; each variant measured in a process of its own "
                      f"(first, then median of {args.repeats} later changes where two figures)\n")
     sys.stdout.write(f"{'':<58}{header}\n")
     for i, label in enumerate(labels):
         cells = []
-        for s in args.schemas:
-            _, first, later = results[s][i]
+        for v in args.variants:
+            _, first, later = results[v][i]
             unit = "MB" if label.startswith("memory") else "ms"
             scale = 1 if unit == "MB" else 1000
             cell = f"{scale * first:.0f}" + (f" / {scale * later:.0f}" if later is not None else "") + f" {unit}"
@@ -100,13 +111,18 @@ def compare_layouts(args: argparse.Namespace) -> None:
 
 
 def measure(args: argparse.Namespace) -> None:
-    a, b, _ = ensure_pair(args.dir, args.steps, args.sites, args.measure)
+    schema, reader = _variant(args.measure)
+    a, b, _ = ensure_pair(args.dir, args.steps, args.sites, schema)
     start = time.perf_counter()
     import plotly.graph_objects as go
 
     go.FigureWidget  # noqa: B018 - imported on first use: plotly's widget module and what it imports
     from workbench.widgets.explorer import DivergenceExplorer
     row("import the widgets (once per kernel)", time.perf_counter() - start)
+    if reader == "zarr":
+        from workbench.store import chunk_files
+
+        chunk_files.read_selection = lambda node, selection: None  # every read through zarr-python
     imported = rss_mb()
     row("memory: the process once the widgets are imported (MB)", imported)
 

@@ -129,11 +129,21 @@ def test_a_damaged_shard_is_damage_as_through_zarr(tmp_path: Path, damage: str) 
     assert chunk_files.read_rows(stats, slice(0, 64), column=0) is not None  # the other shards still read
 
 
-def test_a_damaged_chunk_is_damage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("row_block", [0, 2])  # a file of rows all read (decoded in place), the last one's part
+def test_a_damaged_chunk_is_damage(tmp_path: Path, row_block: int) -> None:
     fingerprints = _array(tmp_path, "fp", np.arange(131 * 3, dtype=np.uint64).reshape(131, 3), chunks=(64, 3))
-    chunk = tmp_path / "fp" / "c" / "2" / "0"
+    chunk = tmp_path / "fp" / "c" / str(row_block) / "0"
     _flip(chunk, chunk.stat().st_size - 2)  # the zstd frame's content checksum
-    with pytest.raises(DamagedStoreError, match=r"fp: a chunk cannot be read \(file c/2/0: "):
+    with pytest.raises(DamagedStoreError, match=rf"fp: a chunk cannot be read \(file c/{row_block}/0: "):
         layout.read(fingerprints, slice(None))
     with pytest.raises(Exception):  # noqa: B017, PT011
         np.asarray(fingerprints[...])
+
+
+@pytest.mark.parametrize("size", [0, 1, 200, 300, 70_000, 1 << 20])
+def test_the_decoded_size_a_frame_declares(size: int) -> None:
+    from numcodecs.zstd import Zstd
+
+    frame = Zstd(level=0, checksum=True).encode(np.random.default_rng(size).bytes(size))
+    assert chunk_files._content_size(bytes(frame)) == size
+    assert chunk_files._content_size(b"not a zstd frame") is None

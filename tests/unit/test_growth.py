@@ -82,3 +82,40 @@ def test_amplification_reports_where_the_growth_saturates_and_at_what_level() ->
     assert growth.rate == pytest.approx(0.5, rel=0.05)
     assert growth.saturation_step == 10 and growth.fit_steps == (0, 10)
     assert growth.plateau == pytest.approx(1e-5, rel=0.05)
+
+
+def test_the_slopes_of_every_site_at_once_are_those_fitted_site_by_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.analysis import growth
+
+    rng = np.random.default_rng(4)
+    steps = np.arange(1000, 1000 + 10 * 37, 10)
+    values = 10.0 ** (rng.uniform(-0.1, 0.3, 9)[None, :] * (steps[:, None] - 1000) / 10 - 12
+                      + rng.normal(0, 0.2, (37, 9)))
+    values[5, 0], values[6, 1], values[7, 2], values[8, 3] = np.nan, 0.0, -1.0, np.inf  # left out of the fits
+    first_row = np.array([0, 3, 10, 20, 35, 36, 37, 2, 0])  # 36: one point, 37: none
+    monkeypatch.setattr(growth, "_SLOPE_BLOCK", 20)  # 2 rows a block, the last one short
+    slopes = growth._slopes(steps, values, first_row)
+    for site in range(values.shape[1]):
+        rows = np.arange(len(steps)) >= first_row[site]
+        keep = rows & np.isfinite(values[:, site]) & (values[:, site] > 0)
+        if keep.sum() < 2:
+            assert np.isnan(slopes[site])
+            continue
+        expected = np.polyfit(steps[keep], np.log10(values[keep, site]), 1)[0]
+        assert slopes[site] == pytest.approx(expected, rel=1e-9, abs=1e-12), site
+
+
+def test_row_medians_are_numpys() -> None:
+    from workbench.analysis import growth
+
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((40, 7))
+    values[rng.random((40, 7)) < 0.3] = np.nan
+    values[0], values[1, :3], values[2, 0], values[3, 1:3] = np.nan, np.inf, -np.inf, [np.inf, -np.inf]
+    expected = np.array([np.nanmedian(row) if not np.isnan(row).all() else np.nan for row in values])
+    for shown in (values, values[:, :1], values[4:5], np.nan_to_num(values, nan=0.5)):
+        got = growth.row_nanmedian(shown)
+        want = expected if shown is values else np.array(
+            [np.nanmedian(row) if not np.isnan(row).all() else np.nan for row in shown])
+        np.testing.assert_array_equal(got, want)
+    assert growth.row_nanmedian(values[:, :0]).shape == (40,)

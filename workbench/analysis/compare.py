@@ -211,9 +211,9 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         raise IncomparableRunsError(f"{a.name} and {b.name} recorded no site in common; "
                                     "record the same kinds and sites in both")
     equal_values = _aligned(a.fingerprints, steps, sites) == _aligned(b.fingerprints, steps, sites)  # [step, site]
-    equal = pd.DataFrame(equal_values, index=pd.Index(steps, name="step"), columns=sites)
+    equal = pd.DataFrame(equal_values, index=pd.Index(steps, name="step"), columns=sites, copy=False)
     differs = ~equal_values
-    first = first_true(pd.DataFrame(differs, index=equal.index, columns=sites))
+    first = first_true(pd.DataFrame(differs, index=equal.index, columns=sites, copy=False))
     ever = differs.any(axis=0)
     frontier = pd.Series(np.asarray(steps)[differs.argmax(axis=0)[ever]], index=pd.Index(sites)[ever], dtype=int)
     only_sites_a = [s for s in a.sites if s not in in_b]

@@ -49,20 +49,35 @@ def row_nanmedian(values: np.ndarray) -> np.ndarray:
     middle = (ordered[rows, (n - 1) // 2] + ordered[rows, n // 2]) / 2
     return np.where(count > 0, middle, np.nan)
 
+
+_SLOPE_BLOCK = 1 << 16
+"""Cells per block of ``_slopes``: its passes stay in the cache, and no temporary is as large as ``values``."""
+
+
 def _slopes(steps: np.ndarray, values: np.ndarray, first_row: np.ndarray) -> np.ndarray:
     """Per column of ``values`` (step x site), the least-squares slope of log10(values) against steps over
-    its positive values from row ``first_row`` on, every column at once; NaN with < 2 points."""
+    its positive values from row ``first_row`` on, every column at once; NaN with < 2 points. The sums of the
+    fit are taken block by block of rows (steps centred on their mean, so that they do not cancel)."""
     start = int(first_row.min(initial=values.shape[0]))  # no column looks at the rows before
-    values, steps, first_row = values[start:], steps[start:], first_row - start
-    rows = np.arange(values.shape[0])[:, None]
-    keep = (rows >= first_row[None, :]) & np.isfinite(values) & (values > 0)
+    values, first_row = values[start:], first_row - start
+    x_all = steps[start:].astype(float)
+    x_all -= x_all.mean() if x_all.size else 0.0
+    n, sum_x, sum_xx, sum_y, sum_xy = (np.zeros(values.shape[1]) for _ in range(5))  # [site] each
+    rows = max(1, _SLOPE_BLOCK // max(values.shape[1], 1))
+    for low in range(0, values.shape[0], rows):
+        block, x = values[low:low + rows], x_all[low:low + rows]  # [step, site], [step]
+        with np.errstate(invalid="ignore"):
+            keep = (np.arange(low, low + len(block))[:, None] >= first_row[None, :]) & (block > 0) & \
+                np.isfinite(block)
+        y = np.log10(np.where(keep, block, 1.0))  # 0 where not kept
+        kept = keep.astype(float)
+        n += kept.sum(axis=0)
+        sum_x += x @ kept
+        sum_xx += (x * x) @ kept
+        sum_y += y.sum(axis=0)
+        sum_xy += x @ y
     with np.errstate(divide="ignore", invalid="ignore"):
-        y = np.where(keep, np.log10(np.where(keep, values, 1.0)), 0.0)
-        x = np.where(keep, steps.astype(float)[:, None], 0.0)
-        n = keep.sum(axis=0)
-        x_mean, y_mean = x.sum(axis=0) / n, y.sum(axis=0) / n
-        xc = np.where(keep, x - x_mean, 0.0)
-        slope = (xc * np.where(keep, y - y_mean, 0.0)).sum(axis=0) / (xc * xc).sum(axis=0)
+        slope = (n * sum_xy - sum_x * sum_y) / (n * sum_xx - sum_x * sum_x)
     return np.where(n >= 2, slope, np.nan)
 
 

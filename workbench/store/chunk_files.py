@@ -20,6 +20,7 @@ error for rows marked done).
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,10 @@ EMPTY = 2**64 - 1
 """A shard index's offset and length for a chunk not written (Zarr's ``MAX_UINT_64``)."""
 _BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
 _THREADS = min(8, os.cpu_count() or 1)
+_THREADED_BYTES = 1 << 20
+"""Reads at least this large decode their files in threads; smaller ones cost more to hand out than to do."""
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
 _ZSTD = Zstd()  # decoding reads the level and checksum flag from each frame
 
 
@@ -83,16 +88,27 @@ def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.nd
     def fill(index: int) -> None:
         first = index * plan.rows
         low, high = max(start, first), min(stop, first + plan.rows)
-        block = _read_file(node, plan, index, column)  # [plan.rows, *tail]
-        out[low - start:high - start] = block[low - first:high - first]
+        whole = (low, high) == (first, first + plan.rows) and (not plan.sharded or
+                                                                (column is not None and plan.columns == 1))
+        into = out[low - start:high - start] if whole else None  # a file of rows all wanted: decoded in place
+        block = _read_file(node, plan, index, column, into)  # [plan.rows, *tail]
+        if block is not into:
+            out[low - start:high - start] = block[low - first:high - first]
 
-    if len(files) > 1 and _THREADS > 1:
-        with ThreadPoolExecutor(_THREADS) as pool:
-            list(pool.map(fill, files))
+    if len(files) > 1 and out.nbytes >= _THREADED_BYTES and _THREADS > 1:
+        list(_pool().map(fill, files))
     else:
         for index in files:
             fill(index)
     return out
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads every read shares (made on first use; a read that waits on them holds no lock they need)."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(_THREADS, thread_name_prefix="workbench-chunk-files"))
+        return _POOL[0]
 
 
 def _plan(node: zarr.Array) -> _Plan | None:
@@ -130,8 +146,10 @@ def _is_plain(codecs: list[dict[str, Any]]) -> bool:
             and codecs[1].get("name") == "zstd")
 
 
-def _read_file(node: zarr.Array, plan: _Plan, index: int, column: int | None) -> np.ndarray:
-    """The rows of file ``index`` (all of its ``plan.rows``; fill values where nothing was written)."""
+def _read_file(node: zarr.Array, plan: _Plan, index: int, column: int | None,
+               into: np.ndarray | None) -> np.ndarray:
+    """The rows of file ``index`` (all of its ``plan.rows``; fill values where nothing was written); ``into``
+    itself when its one chunk could be decoded into it."""
     coords = (index, *([0] * (node.ndim - 1)))
     path = plan.folder / node.metadata.encode_chunk_key(coords)
     shape = (plan.rows, *node.shape[1:])
@@ -141,12 +159,12 @@ def _read_file(node: zarr.Array, plan: _Plan, index: int, column: int | None) ->
         return _filled(node, shape if column is None else shape[:-1])
     with handle:
         if not plan.sharded:
-            return _decode(handle.read(), shape, node, plan, path)
-        return _read_shard(handle, node, plan, shape, column, path)
+            return _decode(handle.read(), shape, node, plan, path, into)
+        return _read_shard(handle, node, plan, shape, column, path, into)
 
 
 def _read_shard(handle: Any, node: zarr.Array, plan: _Plan, shape: tuple[int, ...], column: int | None,
-                path: Path) -> np.ndarray:
+                path: Path, into: np.ndarray | None) -> np.ndarray:
     chunks = shape[-1] // plan.columns
     size = os.fstat(handle.fileno()).st_size
     index_bytes = 16 * chunks + 4
@@ -168,21 +186,43 @@ def _read_shard(handle: Any, node: zarr.Array, plan: _Plan, shape: tuple[int, ..
         if offset + length > size - index_bytes:
             raise _damaged(path, plan.folder, f"chunk {k} lies at bytes {offset}+{length}, past the shard's data")
         handle.seek(offset)
-        parts.append(_decode(handle.read(length), inner, node, plan, path))
+        parts.append(_decode(handle.read(length), inner, node, plan, path, into))
+    if parts[0] is into:
+        return into
     if column is not None:
         return parts[0][..., column % plan.columns]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
 
 
-def _decode(raw: bytes, shape: tuple[int, ...], node: zarr.Array, plan: _Plan, path: Path) -> np.ndarray:
+def _decode(raw: bytes, shape: tuple[int, ...], node: zarr.Array, plan: _Plan, path: Path,
+            into: np.ndarray | None = None) -> np.ndarray:
+    """The chunk ``raw`` as an array of ``shape``: decoded into ``into`` (returned) when its frame declares
+    the chunk's size, else into memory of its own."""
     expected = int(np.prod(shape)) * node.dtype.itemsize
     try:
+        if into is not None and _content_size(raw) == expected == into.nbytes:
+            _ZSTD.decode(raw, out=into)  # the frame's checksum checked as it is decoded
+            return into
         decoded = _ZSTD.decode(raw)
     except Exception as err:  # numcodecs raises RuntimeError for a bad frame or checksum
         raise _damaged(path, plan.folder, f"{type(err).__name__}: {err}") from None
     if len(decoded) != expected:
         raise _damaged(path, plan.folder, f"decodes to {len(decoded)} bytes, not the chunk's {expected}")
     return np.frombuffer(decoded, dtype=node.dtype.newbyteorder("<")).reshape(shape)
+
+
+def _content_size(frame: bytes) -> int | None:
+    """The decoded size a zstd frame's header declares (RFC 8878, 3.1.1.1), or None where it declares none."""
+    if len(frame) < 6 or frame[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = frame[4]
+    single_segment = (descriptor >> 5) & 1
+    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]  # window, then dictionary id
+    width = (single_segment, 2, 4, 8)[descriptor >> 6]
+    if width == 0 or len(frame) < at + width:
+        return None
+    size = int.from_bytes(frame[at:at + width], "little")
+    return size + 256 if width == 2 else size
 
 
 def _filled(node: zarr.Array, shape: tuple[int, ...]) -> np.ndarray:

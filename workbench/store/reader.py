@@ -505,7 +505,13 @@ def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         raise RunNotFoundError(f"{directory}: no such directory")
-    return sorted(p.parent for p in directory.rglob(layout.STORE_DIR) if (p / "zarr.json").is_file())
+    found = []
+    for folder, subfolders, _ in os.walk(directory):
+        if layout.STORE_DIR in subfolders:  # a run: its store's thousands of chunk folders are not walked
+            subfolders.remove(layout.STORE_DIR)
+            if (Path(folder) / layout.STORE_DIR / "zarr.json").is_file():
+                found.append(Path(folder))
+    return sorted(found)
 
 
 RUN_TABLE_COLUMNS = ["name", "run_id", "config", "steps", "status", "final_loss", "path"]

@@ -116,8 +116,9 @@ def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str 
     def kept(result: Ladder | None) -> Ladder | None:
         if result is None or layers is None:
             return result
-        labels = result.per_layer["layer"]
-        return dataclasses.replace(result, per_layer=result.per_layer[labels.map(lambda label: layers(str(label)))])
+        labels = result.per_layer["layer"]  # a row per layer and step: ``layers`` asked once per layer
+        chosen = {label: layers(str(label)) for label in labels.unique()}
+        return dataclasses.replace(result, per_layer=result.per_layer[labels.map(chosen).astype(bool)])
 
     result = kept(ws.ladder(chosen, reference=reference, stat=stat))
     assert result is not None

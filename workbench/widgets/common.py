@@ -19,6 +19,7 @@ from _plotly_utils.basevalidators import is_typed_array_spec
 from _plotly_utils.utils import to_typed_array_spec
 
 from workbench.errors import WorkbenchError
+from workbench.figures.style import TEMPLATE
 
 if TYPE_CHECKING:
     from workbench.studies.workspace import Workspace
@@ -42,6 +43,12 @@ def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool =
         status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
         return None
     return workspace
+
+
+def figure_widget() -> go.FigureWidget:
+    """An empty figure widget in the figures' own template: with plotly's default one, making it copies that
+    template's defaults for every trace type (~0.15 s the first time in a kernel)."""
+    return go.FigureWidget(layout=dict(template=TEMPLATE))
 
 
 def show(target: go.FigureWidget, figure: go.Figure) -> None:

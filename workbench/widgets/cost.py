@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from workbench.errors import ArgumentError
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 
 MEASURES = {"tokens/s (recorder excluded)": "tokens_per_s", "steps/s (from the step time)": "step_time"}
 CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs only by the workbench's emulation "
@@ -44,10 +44,10 @@ class CostWidget(WorkbenchWidget):
         self.interval = widgets.Dropdown(options=[80.0, 90.0, 95.0, 99.0], value=95.0,
                                          description="bootstrap interval %", style=style)
         self.caveat = widgets.HTML()
-        self.figure = go.FigureWidget()
+        self.figure = figure_widget()
         self.numbers = widgets.Output()
         self.by_source = pd.DataFrame()
-        self.source_figure = go.FigureWidget()
+        self.source_figure = figure_widget()
         self.source_numbers = widgets.Output()
         self.source_box = widgets.VBox([self.source_figure, self.source_numbers])
         self.children = [widgets.HBox([self.configs, widgets.VBox([self.measure, self.warmup, self.interval])]),

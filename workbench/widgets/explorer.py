@@ -31,7 +31,7 @@ from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
 from workbench.studies.workspace import KEPT_STATISTICS, Workspace, runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 
 Key = tuple[str, str, str]
 """(reference, compared run, statistic): what the explorer caches a heatmap matrix by."""
@@ -64,8 +64,8 @@ class DivergenceExplorer(WorkbenchWidget):
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             layout=wide, continuous_update=False)
-        self.heatmap = go.FigureWidget()
-        self.detail = go.FigureWidget()
+        self.heatmap = figure_widget()
+        self.detail = figure_widget()
         self.snapshot_view = widgets.Output()
         self.children = [
             widgets.HBox([self.directory, self.open_button]),

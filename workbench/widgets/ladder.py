@@ -26,7 +26,7 @@ from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
 from workbench.studies import views
 from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 
@@ -46,7 +46,7 @@ class LadderWidget(WorkbenchWidget):
                                              continuous_update=False)
         self.outside_layers = widgets.Checkbox(value=True, description="embedding, head and loss", indent=False)
         self.seeds = widgets.Checkbox(value=True, description="seed spread", indent=False)
-        self.figure = go.FigureWidget()
+        self.figure = figure_widget()
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
         self.children = [widgets.HBox([widgets.VBox([self.reference, self.stat, self.layers, self.outside_layers,

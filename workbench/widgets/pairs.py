@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from workbench.analysis.pairs import PairMatrix
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 
@@ -30,7 +30,7 @@ class PairMatrixWidget(WorkbenchWidget):
         super().__init__()
         self.directory = str(directory or runs_dir())
         self.matrix: PairMatrix | None = None
-        self.figure = go.FigureWidget()
+        self.figure = figure_widget()
         self.explorer_box = widgets.VBox()
         self.explorer: DivergenceExplorer | None = None
         self.children = [self.status, self.figure, self.export_bar, self.explorer_box]

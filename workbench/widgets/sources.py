@@ -22,7 +22,7 @@ from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 
 SHOWN = ["source", "where_it_acts", "first_step", "first_site", "floor_exit_step", "final_error", "cost_percent",
          "cost_low", "cost_high"]
@@ -40,7 +40,7 @@ class SourcesWidget(WorkbenchWidget):
         self.warmup = widgets.IntSlider(value=2, min=0, max=20, description="warm-up steps left out", style=style)
         self.interval = widgets.Dropdown(options=[80.0, 90.0, 95.0, 99.0], value=95.0,
                                          description="bootstrap interval %", style=style)
-        self.figure = go.FigureWidget()
+        self.figure = figure_widget()
         self.numbers = widgets.Output()
         self.children = [widgets.HBox([self.stat, self.warmup, self.interval]), self.status, self.figure,
                          self.numbers, self.export_bar]

@@ -28,7 +28,7 @@ from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
 
 SITE_STATISTIC = "site statistic"
@@ -61,7 +61,7 @@ class TrajectoryWidget(WorkbenchWidget):
         self.anomalies = widgets.Checkbox(value=False, description="anomalies", indent=False)
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             continuous_update=False, layout=widgets.Layout(width="420px"))
-        self.figure = go.FigureWidget()
+        self.figure = figure_widget()
         self.children = [
             widgets.HBox([self.runs, widgets.VBox([self.reference, self.quantity, self.site, self.stat])]),
             widgets.HBox([self.difference, self.log_y, self.floor, self.seeds, self.anomalies]),
