@@ -74,3 +74,25 @@ def test_resume_check_needs_a_resume_step() -> None:
     with pytest.raises(ArgumentError, match="never resumed"):
         resume_check(ref, ref)
     assert resume_check(ref, ref, from_step=2).steps == [2, 3, 4, 5]
+
+
+def test_each_layers_error_is_the_median_of_its_sites(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from workbench.analysis import compare
+    from workbench.analysis import ladder as ladder_module
+    from workbench.analysis.ladder import per_layer_error
+
+    sites = [*SITES, "act:layers.1.mlp", "act:layers.1", "grad:layers.1.mlp.linear_fc1.weight"]  # interleaved
+    a = records("a", steps=9, sites=sites)
+    b = records("b", steps=9, sites=sites, seed=1)
+    result = compare(a, b)
+    rel = result.relative("l2").transpose("step", "site")
+    monkeypatch.setattr(ladder_module, "_BLOCK", 2 * len(sites))  # 2 steps a block, the last one short
+    table = per_layer_error(result, "l2")
+    labels = [layer_label(s) for s in rel["site"].to_numpy()]
+    assert list(table.columns) == layer_order(sorted(set(labels)))
+    for label in table.columns:
+        columns = [i for i, other in enumerate(labels) if other == label]
+        expected = np.median(rel.to_numpy()[:, columns], axis=1)
+        np.testing.assert_array_equal(table[label].to_numpy(), expected)

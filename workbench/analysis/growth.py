@@ -40,16 +40,24 @@ class Amplification:
 
 def row_nanmedian(values: np.ndarray) -> np.ndarray:
     """``np.nanmedian(values, axis=1)`` without its row-by-row loop where NaNs are present: each row sorted
-    (NaN last), the middle of its finite count taken; NaN for a row without a value."""
+    (NaN last), the middle of its finite count taken; NaN for a row without a value. Block by block of rows,
+    so that no temporary is as large as ``values``."""
+    out = np.full(values.shape[0], np.nan)
     if values.shape[1] == 0:
-        return np.full(values.shape[0], np.nan)
-    ordered = np.sort(values, axis=1)
-    count = (~np.isnan(values)).sum(axis=1)
-    rows, n = np.arange(values.shape[0]), np.maximum(count, 1)  # a row of NaN only: masked below
-    middle = (ordered[rows, (n - 1) // 2] + ordered[rows, n // 2]) / 2
-    return np.where(count > 0, middle, np.nan)
+        return out
+    rows = max(1, _MEDIAN_BLOCK // values.shape[1])
+    for low in range(0, values.shape[0], rows):
+        block = values[low:low + rows]
+        ordered = np.sort(block, axis=1)
+        count = block.shape[1] - np.isnan(block).sum(axis=1)
+        at, n = np.arange(len(block)), np.maximum(count, 1)  # a row of NaN only: masked below
+        middle = (ordered[at, (n - 1) // 2] + ordered[at, n // 2]) / 2
+        out[low:low + rows] = np.where(count > 0, middle, np.nan)
+    return out
 
 
+_MEDIAN_BLOCK = 1 << 16
+"""Values per block of ``row_nanmedian``."""
 _SLOPE_BLOCK = 1 << 16
 """Cells per block of ``_slopes``: its passes stay in the cache, and no temporary is as large as ``values``."""
 
@@ -128,10 +136,10 @@ def _knee_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 def amplification(result: Comparison, stat: str = "l2") -> Amplification:
     """Growth of ``stat``'s relative difference after ``result.first_step``: how fast (decades per
     step), for how long (until ``saturation_step``) and up to where (``plateau``)."""
-    rel = pd.DataFrame(result.relative(stat).to_pandas())  # step x site
-    values = rel.to_numpy(dtype=float)
-    steps = rel.index.to_numpy()
-    starts = np.array([result.frontier.get(site, -1) for site in rel.columns])  # -1: never differs
+    rel = result.relative(stat).transpose("step", "site")
+    values = np.asarray(rel.to_numpy(), dtype=float)  # [step, site]: no copy of a float array
+    steps, sites = rel["step"].to_numpy(), rel.indexes["site"]
+    starts = result.frontier.reindex(sites).fillna(-1).astype(int).to_numpy()  # -1: never differs
     diverged = starts >= 0
     first_row = np.searchsorted(steps, np.where(diverged, starts, steps[0]))  # the frontier step's row
     columns = np.arange(values.shape[1])
@@ -141,8 +149,8 @@ def amplification(result: Comparison, stat: str = "l2") -> Amplification:
                             values[np.minimum(first_row, len(steps) - 1), columns], np.nan),
         "final": values[-1] if len(steps) else np.full(values.shape[1], np.nan),
         "rate": np.where(diverged, _slopes(steps, values, np.where(diverged, first_row, len(steps))), np.nan),
-    }, index=pd.Index(rel.columns, name="site"))
-    overall = pd.Series(row_nanmedian(values), index=rel.index)
+    }, index=pd.Index(sites, name="site"))
+    overall = pd.Series(row_nanmedian(values), index=pd.Index(steps, name="step"))
     if result.first_step is None:
         return Amplification(stat, per_site, overall, float("nan"))
     after = overall.loc[result.first_step:]

@@ -36,13 +36,24 @@ def sites_in_model_order(sites: list[str]) -> list[str]:
 
 def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
     """step x layer (model order): median over each layer's sites of the relative difference of ``stat``."""
-    rel = result.relative(stat)  # step x site
+    rel = result.relative(stat).transpose("step", "site")
     values = rel.to_numpy()
     labels = np.array([layer_label(str(s)) for s in rel["site"].to_numpy()])
     order = layer_order(sorted(set(labels.tolist())))
-    medians = {label: row_nanmedian(values[:, labels == label]) for label in order}
+    grouped = np.argsort([order.index(label) for label in labels], kind="stable")  # sites layer by layer
+    ends = np.cumsum([int((labels == label).sum()) for label in order])
+    medians = np.empty((values.shape[0], len(order)))  # [step, layer]
+    rows = max(1, _BLOCK // max(values.shape[1], 1))
+    for low in range(0, values.shape[0], rows):  # a block of steps' sites gathered once, in layer order
+        block = values[low:low + rows][:, grouped]
+        for j, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+            medians[low:low + rows, j] = row_nanmedian(block[:, start:end])
     return pd.DataFrame(medians, index=pd.Index(rel["step"].to_numpy(), name="step"),
                         columns=pd.Index(order, name="layer"))
+
+
+_BLOCK = 1 << 18
+"""Values per block of steps of ``per_layer_error``."""
 
 
 
