@@ -56,7 +56,6 @@ _BLOCK = 1 << 18
 """Values per block of steps of ``per_layer_error``."""
 
 
-
 @dataclass(frozen=True)
 class Ladder:
     reference: str
