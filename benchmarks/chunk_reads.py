@@ -11,21 +11,15 @@ the store's own arrays. Checks that both give the same bytes; prints the median 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
-from scale import ensure_pair  # type: ignore[import-not-found]
+from scale import ensure_pair, pair_parser  # type: ignore[import-not-found]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--sites", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = pair_parser(__doc__.splitlines()[0])
     args = parser.parse_args()
     a, _, _ = ensure_pair(args.dir, args.steps, args.sites)
 

@@ -39,6 +39,16 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def pair_parser(description: str, *, repeats: int = 5, repeats_help: str | None = None) -> argparse.ArgumentParser:
+    """The arguments every benchmark of the synthetic pair takes: where it lies, its size, the repeats."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--sites", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    return parser
+
+
 def ensure_pair(directory: Path, steps: int, sites: int,
                 schema_version: int | None = None) -> tuple[Path, Path, tuple[int, int]]:
     """The synthetic pair of ``steps`` x ``sites`` in the layout of ``schema_version`` (default: the current one),
@@ -131,11 +141,7 @@ def lazy_child(a: Path, b: Path, cap_gib: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--sites", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = pair_parser(__doc__.splitlines()[0], repeats=3)
     parser.add_argument("--memory-cap-gib", type=float, default=1.5,
                         help="address-space cap of the lazy-analysis child process")
     parser.add_argument("--blocks-cap-gib", type=float, default=1.0,

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scale import ensure_pair  # type: ignore[import-not-found]
+from scale import ensure_pair, pair_parser  # type: ignore[import-not-found]
 
 
 def timed(action: Callable[[], None], explorer, repeats: int) -> float:  # type: ignore[no-untyped-def]
@@ -62,11 +62,7 @@ def row(label: str, first: float, later: float | None = None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/workbench-scale"))
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--sites", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = pair_parser(__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["2:zarr", "3:zarr", "3:direct"],
                         help="SCHEMA:READER, READER zarr or direct")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # a measuring process, of this variant
