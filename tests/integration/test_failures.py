@@ -207,3 +207,26 @@ def test_a_full_disk_during_megatron_s_checkpoint_is_named_as_such(tmp_path: Pat
         assert open_run(run_dir).status == "failed"
     finally:
         subprocess.run(["umount", str(checkpoints)], check=True)
+
+
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_replaced(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # _free_port frees the port it found before rank 0 binds it: another launch on the machine can take it
+    # in between (two suites side by side: EADDRINUSE in rank 0). The launch starts its ranks again.
+    import socket
+
+    from workbench.runner import launch as launch_module
+
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", 0))
+    blocker.listen()
+    ports = [blocker.getsockname()[1]]
+    real_free_port = launch_module._free_port
+    monkeypatch.setattr(launch_module, "_free_port", lambda: ports.pop() if ports else real_free_port())
+    said: list[str] = []
+    try:
+        run_dir = launch(tiny_config("port", **{"layout.dp": 2, "steps": 2}), tmp_path / "port", progress=said.append)
+    finally:
+        blocker.close()
+    assert open_run(run_dir).status == "complete"
+    assert any("rendezvous port was taken" in line for line in said), said

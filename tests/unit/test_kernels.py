@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,70 @@ def test_compiled_equals_eager(dtype: torch.dtype) -> None:
         assert torch.equal(e[2], c[2]), f"{dtype} {shape}: fingerprint lanes differ"
         torch.testing.assert_close(e[0], c[0], rtol=1e-12, atol=1e-9)
         torch.testing.assert_close(e[1], c[1])
+
+
+def test_a_statistics_graph_that_fails_to_compile_leaves_the_eager_pass_and_one_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11's inductor failed on CUDA where the bounds were symbolic floats; whatever a compiler
+    # raises, the training around the recorder goes on, with the same numbers.
+    def broken(fn, **options):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            raise RuntimeError("backend='inductor' raised:\nprims::convert_element_type() Expected a value")
+        return call
+
+    monkeypatch.setattr(kernels.torch, "compile", broken)
+    kernels.compiled.cache_clear()
+    try:
+        fn = kernels.compiled()
+        x, y = torch.randn(33, 17), torch.randn(4, 5, 6)
+        with pytest.warns(RuntimeWarning, match="torch.compile of the statistics pass failed on cpu"):
+            first = kernels.partial_stats(x, kernels.identity_coords(x.shape), 1e-30, 1e30, fn=fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: not a warning per tensor
+            second = kernels.partial_stats(y, kernels.identity_coords(y.shape), 1e-30, 1e30, fn=fn)
+        for got, tensor in ((first, x), (second, y)):
+            expected = kernels.partial_stats(tensor, kernels.identity_coords(tensor.shape), 1e-30, 1e30,
+                                             fn=kernels.eager())
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    finally:
+        kernels.compiled.cache_clear()
+
+
+def test_the_bounds_are_constants_of_the_compiled_graph_one_graph_per_pair() -> None:
+    x = torch.tensor([1e-35, 1.0, 5e35, 0.0])
+    coords = kernels.identity_coords(x.shape)
+    for tiny, largest in ((1e-30, 1e30), (1e-38, 1e38)):
+        e = kernels.partial_stats(x, coords, tiny, largest, fn=kernels.eager())
+        c = kernels.partial_stats(x, coords, tiny, largest, fn=kernels.compiled())
+        assert torch.equal(e[0], c[0])  # the counts under and over each pair's bounds
+
+
+def test_the_compiled_graph_takes_the_bounds_as_constants_not_as_tensors_read_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A float left to Dynamo becomes a 0-d float64 tensor input read back with .item(), which torch 2.11's
+    # inductor failed to lower for CUDA graphs (every recorded step then took the eager pass).
+    graphs: list[torch.fx.GraphModule] = []
+    real_compile = torch.compile
+
+    def capturing(fn, **options):  # type: ignore[no-untyped-def]
+        def backend(gm: torch.fx.GraphModule, example_inputs):  # type: ignore[no-untyped-def]
+            graphs.append(gm)
+            return gm.forward
+        return real_compile(fn, **{**options, "backend": backend})
+
+    monkeypatch.setattr(kernels.torch, "compile", capturing)
+    kernels.compiled.cache_clear()
+    try:
+        for shape in ((9,), (4, 6)):
+            x = torch.randn(shape)
+            kernels.partial_stats(x, kernels.identity_coords(x.shape), 1e-30, 1e30, fn=kernels.compiled())
+    finally:
+        kernels.compiled.cache_clear()
+    assert graphs
+    for gm in graphs:
+        inputs = [node.meta.get("example_value") for node in gm.graph.nodes if node.op == "placeholder"]
+        assert not [v for v in inputs if isinstance(v, torch.Tensor) and v.dtype == torch.float64 and v.ndim == 0]
+        assert ".item()" not in gm.code
 
 
 def test_activation_placement_keys_elements_by_global_sample() -> None:

@@ -6,7 +6,8 @@ workbench's recording hook on ``train_step`` (``workbench.megatron_lm.pretrain``
 ``--workbench-run DIR`` (required) is the run store to write; ``--workbench-flush-every N`` how often its
 per-site records are reduced and written (default: the recorder's). Both are taken out of the arguments
 before the entry script sees them. On a machine without a GPU the patches of ``workbench.megatron_lm.cpu``
-are applied first, so a small ``pretrain()`` trains on gloo (``--distributed-backend gloo``).
+are applied first, so a small ``pretrain()`` trains on gloo (``--distributed-backend gloo``). On every
+machine, ``keep_installed_dataset_helpers`` lets ``pretrain()`` start from the megatron-core wheel.
 """
 
 from __future__ import annotations
@@ -50,6 +51,27 @@ def split_arguments(argv: list[str]) -> tuple[Path, int | None, list[str]]:
     return run_dir, flush_every, rest
 
 
+def keep_installed_dataset_helpers() -> None:
+    """Skip ``pretrain()``'s build of the dataset helpers where the installed megatron-core has them built.
+
+    On rank 0 ``training/initialize.py:155`` calls ``core/datasets/utils.py:25`` ``compile_helpers``, which runs
+    ``make`` in the package's folder and exits the process when it fails. The wheel ships the compiled module
+    (``helpers_cpp``) and no Makefile, so ``pretrain()`` from the wheel stopped there on a GPU (megatron-core
+    0.19.2 on an H200: "make: *** No targets specified and no makefile found"). Where the module imports and
+    no Makefile sits beside it there is nothing to build and the call does nothing; a checkout (a Makefile)
+    builds as Megatron-LM does.
+    """
+    import megatron.core.datasets.utils as dataset_utils
+
+    if Path(dataset_utils.__file__).with_name("Makefile").exists():
+        return
+    try:
+        import megatron.core.datasets.helpers_cpp  # noqa: F401
+    except ImportError:
+        return  # neither built nor buildable here: Megatron's own error says so
+    dataset_utils.compile_helpers = lambda: None
+
+
 def main(argv: list[str] | None = None) -> None:
     run_dir, flush_every, rest = split_arguments(list(sys.argv[1:] if argv is None else argv))
     import torch
@@ -58,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         from workbench.megatron_lm import cpu
 
         cpu.install()
+    keep_installed_dataset_helpers()
     from workbench.megatron_lm.pretrain import PretrainRecording
 
     recording = PretrainRecording(run_dir, flush_every=flush_every)

@@ -6,8 +6,6 @@ sites, and their ``_initialize_distributed`` has no ``skip_model_parallel_init``
 
 * ``training/initialize.py:66`` asserts "Megatron requires CUDA" unless ``allow_no_cuda=True``, which
   ``pretrain()`` never passes: the name ``pretrain()`` looks up gets the flag.
-* ``initialize.py:155`` -> ``core/datasets/utils.py:25`` ``compile_helpers`` runs ``make`` in site-packages;
-  the wheel has no Makefile and ships the compiled helper: nothing to build.
 * ``initialize.py:358`` skips ``mpu.initialize_model_parallel`` when ``torch.cuda.device_count()`` is 0 (it
   fails later: "pipeline_model parallel group is not initialized"): it is called after, with the same
   arguments.
@@ -44,12 +42,10 @@ def install() -> None:
     torch.cuda.Stream = type("Stream", (cpu_compat._CpuStream,), {"__init__": lambda self, *a, **k: None})  # type: ignore[assignment, misc]
     torch.cuda.stream = lambda *a, **k: nullcontext()  # type: ignore[assignment]
 
-    import megatron.core.datasets.utils as dataset_utils
     import megatron.training.arguments as arguments
     import megatron.training.initialize as initialize
     import megatron.training.training as training
 
-    dataset_utils.compile_helpers = lambda: None
     arguments.get_device_arch_version = lambda: 0
     training.initialize_megatron = functools.partial(initialize.initialize_megatron, allow_no_cuda=True)
     training.set_jit_fusion_options = lambda *a, **k: None

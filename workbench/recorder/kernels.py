@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,40 @@ def eager() -> PartialFn:
 
 @functools.cache
 def compiled() -> PartialFn:
-    fn = torch.compile(_partial, dynamic=True, fullgraph=True)
+    """``_partial`` through ``torch.compile`` (one fused pass; Triton on GPU).
+
+    ``tiny`` and ``largest`` are constants of the graph (``specialize_float``), one graph per pair (a run
+    has one pair per precision): left to Dynamo's default, a float becomes a 0-d float64 CPU tensor read
+    back with ``.item()`` inside the graph, which torch 2.11's inductor fails to lower for a CUDA graph
+    (``tensorify_python_scalars``: "Expected a value of type 'Tensor' ... 'MetaProxy'", seen on an H200;
+    the CPU lowering takes it). A graph that fails to compile all the same never stops the training
+    around it: one warning, then the eager pass (same numbers, many more kernel launches: on the H200,
+    1.3 s per recorded step of an 8-layer GPT against 0.2 s for the step itself) from then on.
+    """
+
+    @functools.cache
+    def graph(tiny: float, largest: float) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+        def bound(x: torch.Tensor, coords: torch.Tensor):  # type: ignore[no-untyped-def]
+            return _partial(x, coords, tiny, largest)
+
+        return torch.compile(bound, dynamic=True, fullgraph=True)
+
+    failed: list[str] = []
 
     def call(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float):  # type: ignore[no-untyped-def]
-        # One graph per dtype and rank of tensor (and pattern of size-1 dimensions): a run
-        # sees a handful; the default limit of 8 is too tight for a process that records several.
-        with torch._dynamo.config.patch(recompile_limit=64):
-            return fn(x, coords, tiny, largest)
+        if failed:
+            return _partial(x, coords, tiny, largest)
+        try:
+            # One graph per dtype and rank of tensor (and pattern of size-1 dimensions): a run
+            # sees a handful; the default limit of 8 is too tight for a process that records several.
+            with torch._dynamo.config.patch(recompile_limit=64, specialize_float=True):
+                return graph(tiny, largest)(x, coords)
+        except Exception as err:  # a compiler's failure, not the data's: the eager pass raises those again
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            failed.append(f"{type(err).__name__}: {' '.join(lines[:3])[:300]}")
+            warnings.warn(f"workbench: torch.compile of the statistics pass failed on {x.device.type} "
+                          f"({failed[0]}); recording with the eager pass from now on", RuntimeWarning, stacklevel=2)
+            return _partial(x, coords, tiny, largest)
 
     return call
 

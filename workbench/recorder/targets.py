@@ -172,21 +172,33 @@ def adam_moments(optimizer: Any, targets: list[ParameterTarget]) -> list[tuple[P
                                                                                     torch.Tensor]]:
     """(target, exp_avg, exp_avg_sq) for every parameter the optimizer has state for.
 
-    Understands the workbench's CPU optimizer, Megatron's mixed-precision and fp32
-    optimizers (through their fp32 master copies) and plain torch optimizers.
+    Understands the workbench's CPU optimizer, the runner's adapter of Megatron's optimizer (``wrapped``),
+    Megatron's ``ChainedOptimizer`` (each of ``chained_optimizers``), its mixed-precision and fp32 optimizers
+    (through their fp32 master copies) and plain torch optimizers.
     """
     if hasattr(optimizer, "moments"):
         by_name = {t.name: t for t in targets}
         return [(by_name[name], m, v) for name, m, v in optimizer.moments() if name in by_name]
     masters: dict[int, torch.Tensor] = {}
-    for model_group, master_group in zip(getattr(optimizer, "float16_groups", []),
-                                         getattr(optimizer, "fp32_from_float16_groups", [])):
-        masters.update({id(p): m for p, m in zip(model_group, master_group)})
-    inner = getattr(optimizer, "optimizer", optimizer)
-    state = getattr(inner, "state", {})
+    states: list[Any] = []
+    for part in _optimizers(optimizer):
+        for model_group, master_group in zip(getattr(part, "float16_groups", []),
+                                             getattr(part, "fp32_from_float16_groups", [])):
+            masters.update({id(p): m for p, m in zip(model_group, master_group)})
+        states.append(getattr(getattr(part, "optimizer", part), "state", {}))
     found = []
     for target in targets:
-        entry = state.get(masters.get(id(target.param), target.param))
+        key = masters.get(id(target.param), target.param)
+        entry = next((state[key] for state in states if key in state), None)
         if entry and "exp_avg" in entry and "exp_avg_sq" in entry:
             found.append((target, entry["exp_avg"], entry["exp_avg_sq"]))
     return found
+
+
+def _optimizers(optimizer: Any) -> list[Any]:
+    """The optimizers that hold state, under the runner's adapter and Megatron's ``ChainedOptimizer``."""
+    optimizer = getattr(optimizer, "wrapped", optimizer)
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        return [part for inner in chained for part in _optimizers(inner)]
+    return [optimizer]

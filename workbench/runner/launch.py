@@ -48,6 +48,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_PORT_TRIES = 3
+"""Launches on one machine at once can race for a rendezvous port: ``_free_port`` frees the port it found
+before rank 0 binds it (seen with two test suites side by side: ``EADDRINUSE`` in rank 0)."""
+
+
+def _port_taken(ranks: list[_Rank]) -> bool:
+    """True when the ranks failed because rank 0 could not bind the rendezvous port, before any step."""
+    logs = [_log_text(rank.log) for rank in ranks]
+    return "EADDRINUSE" in logs[0] and not any("PROGRESS " in log for log in logs)
+
+
 def _has_gpu() -> bool:
     import torch
 
@@ -285,8 +296,14 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         + (["--against", str(Path(against).resolve())] if against is not None else []) \
         + (["--rtol", repr(rtol)] if against is not None and rtol is not None else []) \
         + (["--keep-going"] if against is not None and keep_going else [])
-    ranks = _spawn(cfg, paths, args)
-    failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+    for attempt in range(1, _PORT_TRIES + 1):
+        ranks = _spawn(cfg, paths, args)
+        failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+        if failed is None or attempt == _PORT_TRIES or not _port_taken(ranks):
+            break
+        if progress is not None:
+            progress(f"the rendezvous port was taken by another process before rank 0 bound it; "
+                     f"starting the ranks again on another (try {attempt + 1} of {_PORT_TRIES})")
     if failed is not None:
         excerpt = error_excerpt(failed.log)
         unrecorded = _record_status(paths, layout.Status.FAILED, error={

@@ -160,7 +160,8 @@ class MasterWeightAdamW:
 
 
 class MegatronOptimizerAdapter:
-    """Megatron's own optimizer (GPU), behind the same small interface."""
+    """Megatron's own optimizer (GPU), behind the same small interface; ``wrapped`` is Megatron's optimizer
+    itself (the recorder reads its Adam moments there)."""
 
     def __init__(self, model: BuiltModel, cfg: RunConfig) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -172,27 +173,27 @@ class MegatronOptimizerAdapter:
             bf16=cfg.precision in (Precision.BF16, Precision.FP8), fp16=cfg.precision is Precision.FP16,
             initial_loss_scale=o.initial_loss_scale, loss_scale_window=o.loss_scale_window, hysteresis=2,
             use_distributed_optimizer=False)
-        self._inner = get_megatron_optimizer(config, model.chunks)
+        self.wrapped = get_megatron_optimizer(config, model.chunks)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self._inner.param_groups
+        return self.wrapped.param_groups
 
     def loss_scale(self) -> float:
-        return float(self._inner.get_loss_scale().item())
+        return float(self.wrapped.get_loss_scale().item())
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self._inner.scale_loss(loss)
+        return self.wrapped.scale_loss(loss)
 
     def step(self) -> tuple[bool, float]:
-        updated, norm, _ = self._inner.step()
+        updated, norm, _ = self.wrapped.step()
         return bool(updated), float(norm) if norm is not None else math.nan
 
     def state_dict(self) -> dict[str, Any]:
-        return self._inner.state_dict()
+        return self.wrapped.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._inner.load_state_dict(state)
+        self.wrapped.load_state_dict(state)
 
 
 def build_optimizer(model: BuiltModel, cfg: RunConfig, on_gpu: bool) -> TrainingOptimizer:
