@@ -92,3 +92,49 @@ def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Pa
     reads.clear()
     widget.stat.value = "min"
     assert reads == [] and not any(key[2] == site for key in ws._site_series)  # the earlier site's dropped
+
+
+def test_a_statistic_the_background_is_computing_is_waited_for_not_read_again(tmp_path: Path) -> None:
+    # The view holds the workspace's foreground, and the background's reads wait for it file by file: a view
+    # that waited on those very bins with the foreground held would wait forever. It lets the background run.
+    import contextlib
+    import threading
+
+    from workbench.store import chunk_files
+    from workbench.widgets import explorer as explorer_module
+
+    write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4)
+    write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5))
+    explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
+    ws = explorer.workspace
+    assert ws is not None and ws.preloaded(timeout=300)
+    key = ("a", "b", "max")
+    explorer._overviews.pop(key, None)
+    done = explorer._computing[key] = threading.Event()
+    computed: list[object] = []
+
+    view_waits = threading.Event()
+    behind = ws.behind_background
+
+    @contextlib.contextmanager
+    def behind_and_said():  # type: ignore[no-untyped-def]
+        with behind():
+            view_waits.set()
+            yield
+
+    ws.behind_background = behind_and_said  # type: ignore[method-assign]
+
+    def background() -> None:  # a read-ahead task under way when the view begins
+        view_waits.wait(timeout=5)  # (never set without behind_background: then the reads below wait forever)
+        with chunk_files.yielding(ws._wait_for_views):
+            explorer_module._overview_of(ws, explorer._overviews, key)  # its reads wait while the view is drawn
+        computed.append(explorer._overviews[key])
+        del explorer._computing[key]
+        done.set()
+
+    threading.Thread(target=background, daemon=True).start()
+    view = threading.Thread(target=lambda: setattr(explorer.stat, "value", "max"), daemon=True)
+    view.start()
+    view.join(timeout=60)
+    assert not view.is_alive(), "the view and the background waited for each other"
+    assert computed and explorer._overviews[key] is computed[0]  # the view drew the background's bins

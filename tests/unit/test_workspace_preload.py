@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +63,49 @@ def test_views_read_ahead_after_the_statistics_within_the_budget(tmp_path: Path,
                    for stat in ("max", "l2", "sum")])
     assert ws.preloaded(timeout=120)
     assert ran == ["max", "l2"]  # the second ran while there was room; the third found none
+
+
+def _poll(condition, seconds: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_background_waits_while_a_view_is_drawn_and_runs_when_the_view_waits_for_it(tmp_path: Path) -> None:
+    write_synthetic_run(tmp_path / "a", steps=40, sites=30, seed=1)
+    ws = Workspace.open(tmp_path)
+    ran: list[str] = []
+    with ws.foreground():
+        ws.read_ahead([lambda: (ran.append("first"), 0)[1]])
+        time.sleep(0.3)
+        assert ran == []  # not begun while the view is drawn
+        with ws.behind_background():  # the view waits for the background's work: it runs
+            assert _poll(lambda: ran == ["first"])
+        ws.read_ahead([lambda: (ran.append("second"), 0)[1]])
+        time.sleep(0.3)
+        assert ran == ["first"]
+    assert _poll(lambda: ran == ["first", "second"])  # the view is drawn: the background goes on
+    assert ws.preloaded(timeout=60)
+
+
+def test_a_background_read_waits_file_by_file_for_the_view(tmp_path: Path) -> None:
+    write_synthetic_run(tmp_path / "a", steps=200, sites=30, seed=1)  # several files of rows
+    ws = Workspace.open(tmp_path)
+    expected = Workspace.open(tmp_path).stat_values("a", "max").to_numpy()
+    waits: list[str] = []
+    real_wait = ws._wait_for_views
+
+    def wait() -> None:
+        waits.append(threading.current_thread().name)
+        real_wait()
+
+    ws._wait_for_views = wait  # type: ignore[method-assign]
+    got: list[np.ndarray] = []
+    ws.read_ahead([lambda: (got.append(ws.peek_stat_values("a", "max").to_numpy()), 0)[1]])
+    assert ws.preloaded(timeout=60)
+    assert len(got) == 1
+    assert len(waits) >= 1 + 200 // 64 and set(waits) == {"read-ahead"}  # before the task, then before each file
+    np.testing.assert_array_equal(got[0], expected)

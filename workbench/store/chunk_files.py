@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,21 @@ _THREADED_BYTES = 1 << 20
 _POOL: list[ThreadPoolExecutor] = []
 _POOL_LOCK = threading.Lock()
 _ZSTD = Zstd()  # decoding reads the level and checksum flag from each frame
+_LOCAL = threading.local()
+"""``wait``: set by ``yielding`` for the reads of one thread."""
+
+
+@contextmanager
+def yielding(wait: Callable[[], None]) -> Iterator[None]:
+    """Reads made in this thread call ``wait`` before each file and decode in this thread alone (not in the
+    shared threads, which a waiting read would hold): background reads pass a ``wait`` that blocks while a view
+    is being drawn, so that the view's reads have the cores and the disk (``Workspace.read_ahead``)."""
+    before = getattr(_LOCAL, "wait", None)
+    _LOCAL.wait = wait
+    try:
+        yield
+    finally:
+        _LOCAL.wait = before
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,11 @@ def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.nd
     out = np.empty((max(stop - start, 0), *tail), dtype=node.dtype)
     files = range(start // plan.rows, -(-stop // plan.rows)) if stop > start else range(0)
 
+    wait = getattr(_LOCAL, "wait", None)
+
     def fill(index: int) -> None:
+        if wait is not None:
+            wait()
         first = index * plan.rows
         low, high = max(start, first), min(stop, first + plan.rows)
         whole = (low, high) == (first, first + plan.rows) and (not plan.sharded or
@@ -95,7 +116,7 @@ def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.nd
         if block is not into:
             out[low - start:high - start] = block[low - first:high - first]
 
-    if len(files) > 1 and out.nbytes >= _THREADED_BYTES and _THREADS > 1:
+    if len(files) > 1 and out.nbytes >= _THREADED_BYTES and _THREADS > 1 and wait is None:
         list(_pool().map(fill, files))
     else:
         for index in files:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import cached_property, partial
 from pathlib import Path
 from typing import TypeVar
@@ -42,7 +43,7 @@ from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
 from workbench.analysis.sources import attribution, source_cost
 from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.statistics import STAT_NAMES
-from workbench.store import layout
+from workbench.store import chunk_files, layout
 from workbench.store.manifest import RUNNER, Provenance
 from workbench.store.reader import Run, find_runs, open_run
 from workbench.store.records import RunRecords
@@ -95,6 +96,9 @@ class Workspace:
         self._ahead_bytes = self._preload_bytes
         self._lock = threading.Lock()
         """Guards the caches above: the background reads (``preload``, ``read_ahead``) fill them too."""
+        self._idle = threading.Condition(self._lock)
+        self._foreground = 0
+        """Views being drawn (``foreground``): ``read_ahead`` starts no task while one is."""
 
     @classmethod
     def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
@@ -365,16 +369,47 @@ class Workspace:
             for thread in list(self._loading.values()):
                 thread.join()
             for task in tasks:
+                self._wait_for_views()
                 if self._ahead_bytes - self.derived_bytes() <= 0:
                     return
                 try:
-                    self._ahead_bytes -= task()
+                    with chunk_files.yielding(self._wait_for_views):  # and inside its reads, file by file
+                        self._ahead_bytes -= task()
                 except Exception:  # noqa: BLE001, S112 - see the docstring
                     continue
 
         thread = threading.Thread(target=run, name="read-ahead", daemon=True)
         self._ahead.append(thread)
         thread.start()
+
+    def _wait_for_views(self) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self._foreground == 0)
+
+    @contextmanager
+    def foreground(self) -> Iterator[None]:
+        """A view being drawn: ``read_ahead`` waits, before its next task and before each file its task reads
+        from a store's chunk files, until no view is, so that the view's reads have the cores and the disk."""
+        with self._idle:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._foreground -= 1
+                self._idle.notify_all()
+
+    @contextmanager
+    def behind_background(self) -> Iterator[None]:
+        """Inside ``foreground``: a view that waits for the background's work lets it run meanwhile."""
+        with self._idle:
+            self._foreground -= 1
+            self._idle.notify_all()
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._foreground += 1
 
     def derived_bytes(self) -> int:
         """Memory held by the relative differences the cached comparisons computed."""

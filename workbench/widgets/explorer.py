@@ -14,6 +14,7 @@ time of the last update, for the latency benchmark.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -45,6 +46,9 @@ class DivergenceExplorer(WorkbenchWidget):
         super().__init__()
         self._matrices: dict[Key, pd.DataFrame] = {}
         self._overviews: dict[Key, StepBins] = {}
+        self._computing: dict[Key, threading.Event] = {}
+        """The step bins the background is computing now (``_read_ahead``), each set when done."""
+        self._computing_lock = threading.Lock()
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
         self._detail: Key | None = None  # what the site detail shows
@@ -124,10 +128,20 @@ class DivergenceExplorer(WorkbenchWidget):
 
     def _read_ahead(self, key: Key) -> int:
         """In the background: the step bins of ``key`` and, from the same read, the series of the site shown in
-        the detail (so that a new statistic's heatmap and detail need no read of it); the bytes they hold."""
+        the detail (so that a new statistic's heatmap and detail need no read of it); the bytes they hold. A
+        view that asks for ``key`` meanwhile waits for them (``_overview``) rather than reading it again."""
         assert self.workspace is not None
         site = self.selected[0] if self.selected else None
-        return _overview_of(self.workspace, self._overviews, key, site=site)
+        with self._computing_lock:
+            if key in self._overviews or key in self._computing:
+                return 0
+            done = self._computing[key] = threading.Event()
+        try:
+            return _overview_of(self.workspace, self._overviews, key, site=site)
+        finally:
+            with self._computing_lock:
+                del self._computing[key]
+            done.set()
 
     def _overview(self) -> StepBins:
         """The step bins of the current pair and statistic: what a view of every step draws (kept for each
@@ -139,6 +153,11 @@ class DivergenceExplorer(WorkbenchWidget):
             self._overviews.pop(old, None)
         if key in self._matrices:
             self._overviews.setdefault(key, StepBins.of(self._matrices[key]))
+        with self._computing_lock:
+            under_way = self._computing.get(key)
+        if under_way is not None:  # the background is computing these very bins: sooner done than begun again
+            with self.workspace.behind_background():
+                under_way.wait()
         _overview_of(self.workspace, self._overviews, key, cache=True)
         return self._overviews[key]
 
@@ -161,6 +180,11 @@ class DivergenceExplorer(WorkbenchWidget):
     def update(self, *, reset_ranges: bool = False) -> None:
         if self._quiet or self.workspace is None or not self.reference.value or not self.other.value:
             return
+        with self.workspace.foreground():  # the background's next read waits for this view
+            self._update(reset_ranges)
+
+    def _update(self, reset_ranges: bool) -> None:
+        assert self.workspace is not None
         start = time.perf_counter()
         try:
             result = self.workspace.comparison(self.reference.value, self.other.value)

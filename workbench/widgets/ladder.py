@@ -97,6 +97,11 @@ class LadderWidget(WorkbenchWidget):
     def update(self) -> None:
         if self._quiet or self.workspace is None:
             return
+        with self.workspace.foreground():  # the background's next read waits for this view
+            self._update()
+
+    def _update(self) -> None:
+        assert self.workspace is not None
         reference = self.reference.value
         names = [n for n in self.runs.value if n != reference]
         if not names:

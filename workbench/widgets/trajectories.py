@@ -116,6 +116,11 @@ class TrajectoryWidget(WorkbenchWidget):
     def update(self) -> None:
         if self._quiet or self.workspace is None:
             return
+        with self.workspace.foreground():  # the background's next read waits for this view
+            self._update()
+
+    def _update(self) -> None:
+        assert self.workspace is not None
         start = time.perf_counter()
         try:
             view = self.view()
