@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = r'''
-import os, sys, torch, torch.distributed as dist
+SETUP = r'''
+import sys, torch, torch.distributed as dist
 from workbench.runner import cpu_compat
 cpu_compat.install()
 from megatron.core import parallel_state as ps
@@ -23,8 +23,14 @@ run_dir = sys.argv[1]
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[2])
 ps.initialize_model_parallel()
 model_parallel_cuda_manual_seed(0)
-cfg = RunConfig.from_dict({"name": "api", "steps": 2, "model": {"num_layers": 1, "hidden_size": 32,
-                           "num_attention_heads": 2, "vocab_size": 64, "seq_length": 8}})
+model = {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64, "seq_length": 8}
+tokens = torch.randint(0, 64, (2, 9))
+mask = torch.ones(8, 8, dtype=torch.bool).triu(1)[None, None]
+'''
+"""A one-rank gloo group and Megatron's parallel state on the CPU: what both scripts below start with."""
+
+SCRIPT = SETUP + r'''
+cfg = RunConfig.from_dict({"name": "api", "steps": 2, "model": model})
 built = build_model(cfg, torch.device("cpu"))
 create_store(__import__("pathlib").Path(run_dir), runner_manifest(cfg), 3)
 optimizer = torch.optim.AdamW(built.ddp.parameters(), lr=1e-3)
@@ -34,8 +40,6 @@ finalize = built.config.finalize_model_grads_func
 # --- the few lines a user adds to their own loop ---
 recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=3, optimizer=optimizer, global_batch_size=2,
                     record=RecordConfig(every=2))
-tokens = torch.randint(0, 64, (2, 9))
-mask = torch.ones(8, 8, dtype=torch.bool).triu(1)[None, None]
 hooks = []
 for step in range(3):
     recorder.step_begin(step)
@@ -64,46 +68,32 @@ print("ok", len(table))
 '''
 
 
-def test_recorder_in_a_users_loop_and_hooks_removed_on_close(tmp_path: Path) -> None:
+def _run(script: str, run_dir: Path) -> None:
+    """``script`` in a process of its own, with ``run_dir`` and a free port; it prints "ok" when it passes."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "api"), str(port)], capture_output=True,
+    result = subprocess.run([sys.executable, "-c", script, str(run_dir), str(port)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok")
 
 
-MEGATRON_OPTIMIZER = r'''
-import sys, torch, torch.distributed as dist
-from workbench.runner import cpu_compat
-cpu_compat.install()
-from megatron.core import parallel_state as ps
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-from workbench.config import RecordConfig, RunConfig
-from workbench.store.manifest import runner_manifest
-from workbench.recorder import Recorder
-from workbench.runner.model import build_model
-from workbench.runner.optimizer import MegatronOptimizerAdapter
-from workbench.store.reader import open_run
-from workbench.store.writer import create_store
+def test_recorder_in_a_users_loop_and_hooks_removed_on_close(tmp_path: Path) -> None:
+    _run(SCRIPT, tmp_path / "api")
 
-run_dir = sys.argv[1]
-dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[2])
-ps.initialize_model_parallel()
-model_parallel_cuda_manual_seed(0)
-cfg = RunConfig.from_dict({"name": "adapter", "steps": 1, "optim": {"clip_grad": 0.0},
-                           "model": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64,
-                                     "seq_length": 8}})
+
+MEGATRON_OPTIMIZER = SETUP + r'''
+from workbench.runner.optimizer import MegatronOptimizerAdapter
+
+cfg = RunConfig.from_dict({"name": "adapter", "steps": 1, "optim": {"clip_grad": 0.0}, "model": model})
 built = build_model(cfg, torch.device("cpu"))
 create_store(__import__("pathlib").Path(run_dir), runner_manifest(cfg), 1)
 optimizer = MegatronOptimizerAdapter(built, cfg)  # what the runner trains with on a GPU
 recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=1, optimizer=optimizer, global_batch_size=2,
                     record=RecordConfig(every=1))
-tokens = torch.randint(0, 64, (2, 9))
-mask = torch.ones(8, 8, dtype=torch.bool).triu(1)[None, None]
 recorder.step_begin(0)
 built.ddp.zero_grad_buffer()
 recorder.microbatch(0)
@@ -123,12 +113,4 @@ print("ok", len(params))
 def test_the_moments_of_megatron_s_own_optimizer_are_recorded(tmp_path: Path) -> None:
     # On a GPU the runner trains with Megatron's optimizer behind an adapter: its Adam moments were found
     # nowhere (seen on an H200: "exp_avg: no optimizer was passed, or it holds no Adam moments").
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = subprocess.run([sys.executable, "-c", MEGATRON_OPTIMIZER, str(tmp_path / "adapter"), str(port)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("ok")
+    _run(MEGATRON_OPTIMIZER, tmp_path / "adapter")
