@@ -159,13 +159,14 @@ def explorer_session(explorer_class: type, a: Path, b: Path, args: argparse.Name
     steps = iter([(3_000, 6_000), (0, args.steps - 1)] * args.repeats)
     row("explorer: step range", timed(lambda: setattr(explorer.steps, "value", next(steps)), explorer,
                                       args.repeats))
-    site = explorer.workspace.records(a.name).sites[500]  # type: ignore[union-attr]
+    site = explorer.workspace.runs[a.name].site_names()[500]  # type: ignore[union-attr]
     clicks = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         explorer.show_site(site, 5_000)
         clicks.append(time.perf_counter() - start)
     row("explorer: click a cell (site trajectories)", statistics.median(clicks))
+    explorer.workspace.preloaded()  # type: ignore[union-attr]  # what the clicks started in the background
     row("memory: the explorer's session at its end (+MB per run)", (rss_mb() - imported) / 2)
     return str(site)
 

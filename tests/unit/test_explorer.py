@@ -26,7 +26,7 @@ def sent(values: Any) -> np.ndarray:
 
 
 @pytest.mark.parametrize("schema_version", [2, 3])
-def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_one_is_kept(
+def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_no_whole_statistic_is_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_version: int) -> None:
     a = write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4, schema_version=schema_version)
     b = write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5),
@@ -37,15 +37,16 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_on
     assert ws.preloaded(timeout=300)  # the other statistics' step bins, read in the background
     assert explorer.selected is not None
     site = explorer.selected[0]
-    reads: list[str] = []
+    reads: list[tuple[str, object]] = []
     statistic = Run.statistic
-    monkeypatch.setattr(Run, "statistic", lambda self, name: (reads.append(name), statistic(self, name))[1])
+    monkeypatch.setattr(Run, "statistic",
+                        lambda self, name, steps=None: (reads.append((name, steps)), statistic(self, name, steps))[1])
 
     explorer.stat.value = "max"
     assert reads == []  # neither the heatmap nor the site's detail read the statistic again
-    # schema 3: the first statistic shown, nothing else; schema 2: every one, read in one pass
-    kept = {("a", "l2"), ("b", "l2")} if schema_version == 3 else {(n, s) for n in "ab" for s in STAT_NAMES}
-    assert set(ws._stat_values) == kept
+    # schema 3: no statistic held whole, nor the fingerprints; schema 2: every statistic, read in one pass
+    assert set(ws._stat_values) == (set() if schema_version == 3 else {(n, s) for n in "ab" for s in STAT_NAMES})
+    assert set(ws._records) == (set() if schema_version == 3 else {"a", "b"})
     assert explorer._matrices == {}  # a view of every step holds step bins, not the full matrix
     result = ws.comparison("a", "b")
     values = (open_run(a).statistic("max"), open_run(b).statistic("max"))
@@ -56,10 +57,39 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_only_the_shown_on
         np.testing.assert_array_equal(detail[name], run_values.sel(site=site).to_numpy())
 
     reads.clear()
-    explorer.steps.value = (20, 100)  # a range of steps: the full matrix, read when asked
-    assert sorted(reads) == (["max", "max"] if schema_version == 3 else [])  # schema 2: held already
-    assert list(explorer._matrices) == [("a", "b", "max")]
+    explorer.steps.value = (20, 100)  # a range of steps: its rows alone, read when asked and dropped
+    assert reads == ([("max", (20, 100))] * 2 if schema_version == 3 else [])  # schema 2: held already
+    assert list(explorer._matrices) == [("a", "b", "max", 20, 100)]
+    matrix = explorer._matrices[("a", "b", "max", 20, 100)]
+    assert matrix.columns.tolist() == list(range(20, 101))
+    np.testing.assert_array_equal(matrix.to_numpy(), heatmap_matrix(result, "max", values=values).loc[
+        matrix.index, 20:100].to_numpy())  # the same cells as the whole matrix's
     assert sent(explorer.heatmap.data[0].x).tolist() == list(range(20, 101))
+    if schema_version == 3:
+        assert set(ws._stat_values) == set()
+
+
+def test_a_clicked_sites_other_statistics_are_read_ahead_and_its_series_kept_not_the_statistic(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, at in (("a", None), ("b", (70, 5))):
+        write_synthetic_run(tmp_path / name, steps=150, sites=600, seed=4, diverge_at=at)
+    explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
+    ws = explorer.workspace
+    assert ws is not None and ws.preloaded(timeout=300)
+    other = next(s for s in ws.runs["a"].site_names() if explorer.selected and s != explorer.selected[0])
+    explorer.show_site(other, 80)  # read now (both runs' l2), then its other statistics in the background
+    assert ws.preloaded(timeout=300)
+    assert set(ws._stat_values) == set()
+    assert {(n, s) for n, s, kept_site in ws._site_series if kept_site == other} == {
+        (n, s) for n in "ab" for s in STAT_NAMES}
+    reads: list[str] = []
+    statistic = Run.statistic
+    monkeypatch.setattr(Run, "statistic",
+                        lambda self, name, steps=None: (reads.append(name), statistic(self, name, steps))[1])
+    explorer.stat.value = "absmax"
+    assert reads == []  # step bins and the clicked site's series, both read ahead
+    detail = {t.name: sent(t.y) for t in explorer.detail.data if t.name in ("a", "b") and t.yaxis in (None, "y")}
+    np.testing.assert_array_equal(detail["b"], open_run(tmp_path / "b").statistic("absmax").sel(site=other).to_numpy())
 
 
 def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Path,
@@ -74,7 +104,8 @@ def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Pa
     site = widget.site.value
     reads: list[str] = []
     statistic = Run.statistic
-    monkeypatch.setattr(Run, "statistic", lambda self, name: (reads.append(name), statistic(self, name))[1])
+    monkeypatch.setattr(Run, "statistic",
+                        lambda self, name, steps=None: (reads.append(name), statistic(self, name, steps))[1])
     widget.stat.value = "max"
     assert reads == []  # read ahead for this site, and not kept whole
     assert not any(stat == "max" for _, stat in ws._stat_values)

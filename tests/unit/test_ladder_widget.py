@@ -56,14 +56,15 @@ def test_clicking_a_layer_opens_its_sites_in_the_explorer(folder: Path) -> None:
     widget._on_click(trace, SimpleNamespace(xs=["L1"], ys=[1e-5]), None)
     explorer = widget.explorer
     assert explorer is not None and (explorer.reference.value, explorer.other.value) == ("base", "layout")
-    shown = explorer.selected_sites(list(explorer._matrix().index))
+    shown = explorer.selected_sites(list(explorer._matrix(*explorer.steps.value).index))
     assert shown and {layer_label(s) for s in shown} == {"L1"}
     widget._on_click(trace, SimpleNamespace(xs=["L0"], ys=[1e-5]), None)
     assert widget.explorer is explorer
-    shown = explorer.selected_sites(list(explorer._matrix().index))
+    shown = explorer.selected_sites(list(explorer._matrix(*explorer.steps.value).index))
     assert {layer_label(s) for s in shown} == {"L0"}
     # the triangle where a run leaves the noise floor opens its layer too: the run is its legend group
     triangle = SimpleNamespace(name="layout leaves the noise floor", legendgroup="layout")
     widget._on_click(triangle, SimpleNamespace(xs=["L1"], ys=[1e-5]), None)
     assert explorer.other.value == "layout"
-    assert {layer_label(s) for s in explorer.selected_sites(list(explorer._matrix().index))} == {"L1"}
+    shown = explorer.selected_sites(list(explorer._matrix(*explorer.steps.value).index))
+    assert {layer_label(s) for s in shown} == {"L1"}

@@ -109,3 +109,31 @@ def test_a_background_read_waits_file_by_file_for_the_view(tmp_path: Path) -> No
     assert len(got) == 1
     assert len(waits) >= 1 + 200 // 64 and set(waits) == {"read-ahead"}  # before the task, then before each file
     np.testing.assert_array_equal(got[0], expected)
+
+
+def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fingerprints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from workbench.analysis.ladder import ladder
+    from workbench.store.reader import Run, open_run
+
+    for name, at in (("a", None), ("b", (70, 5)), ("c", (90, 2))):
+        write_synthetic_run(tmp_path / name, steps=150, sites=600, seed=4, diverge_at=at)
+    ws = Workspace.open(tmp_path)
+    assert all(run.reads_statistics_apart for run in ws.runs.values())
+    got = ws.ladder(["b", "c"], reference="a", stat="max")
+    expected = ladder(open_run(tmp_path / "a").records(), [open_run(tmp_path / n).records() for n in "bc"],
+                      stat="max")
+    pd.testing.assert_frame_equal(got.per_layer, expected.per_layer)
+    pd.testing.assert_frame_equal(got.summary, expected.summary)
+    assert ws._records == {} and ws._stat_values == {}  # read for it and dropped
+    assert all(ws.comparison("a", n).relative_bytes() == 0 for n in "bc")
+
+    reads: list[str] = []
+    records = Run.records
+    monkeypatch.setattr(Run, "records", lambda self, **kw: (reads.append(self.name), records(self, **kw))[1])
+    ws = Workspace.open(tmp_path)
+    ws.pair_matrix()
+    assert sorted(reads) == ["a", "b", "c"]  # each run's fingerprints read once for its two pairs, then dropped
+    assert ws._records == {}

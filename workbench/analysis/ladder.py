@@ -20,7 +20,7 @@ import pandas as pd
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.growth import amplification, row_nanmedian
-from workbench.analysis.noise_floor import NoiseFloor, leaves_floor
+from workbench.analysis.noise_floor import FloorCheck, NoiseFloor, leaves_floor
 from workbench.sites import SITE_KINDS, layer_label, layer_order, split_site
 from workbench.store.records import RunRecords
 
@@ -79,21 +79,29 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
            stat: str = "l2", comparisons: list[Comparison] | None = None) -> Ladder:
     """Compare every run in ``others`` with ``reference``, per layer (see the module docstring);
     ``comparisons``: ``compare(reference, run)`` of each, where the caller has them already."""
+    results = comparisons if comparisons is not None else [compare(reference, run) for run in others]
+    exits = {run.name: leaves_floor(run, floor) for run in others} if floor is not None else {}
+    return ladder_of(reference.name, results, stat=stat, floor_checks=exits)
+
+
+def ladder_of(reference: str, comparisons: list[Comparison], *, stat: str = "l2",
+              floor_checks: dict[str, FloorCheck] | None = None) -> Ladder:
+    """``ladder`` from the comparisons of ``reference`` with each run (``Comparison.b``) and, per run, whether
+    it leaves the noise floor (``noise_floor.leaves_floor``; none given: no floor): no run's records needed."""
     frames, rows = [], []
-    for i, run in enumerate(others):
-        result = comparisons[i] if comparisons is not None else compare(reference, run)
+    for result in comparisons:
+        name = result.b
         long = per_layer_error(result, stat).stack().rename("relative_error").reset_index()
-        long.insert(0, "run", run.name)
+        long.insert(0, "run", name)
         frames.append(long)
         exit_step = exit_site = exit_layer = None
-        if floor is not None:
-            check = leaves_floor(run, floor)
-            if not check.inside:
-                exit_step, exit_site = check.first_step, check.first_site
-                exit_layer = layer_label(str(exit_site))
+        check = (floor_checks or {}).get(name)
+        if check is not None and not check.inside:
+            exit_step, exit_site = check.first_step, check.first_site
+            exit_layer = layer_label(str(exit_site))
         last = result.relative(stat).isel(step=-1).to_numpy().astype(float)
         growth = amplification(result, stat)
-        rows.append({"run": run.name, "identical": result.identical, "first_step": result.first_step,
+        rows.append({"run": name, "identical": result.identical, "first_step": result.first_step,
                      "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,
                      "floor_exit_layer": exit_layer, "growth": growth.rate,
                      "saturation_step": growth.saturation_step, "plateau": growth.plateau,
@@ -103,5 +111,5 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
     summary = pd.DataFrame(rows, columns=["run", "identical", "first_step", "first_site", "floor_exit_step",
                                           "floor_exit_site", "floor_exit_layer", "growth", "saturation_step", "plateau",
                                           "final_error"])
-    return Ladder(reference.name, stat, per_layer_all,
+    return Ladder(reference, stat, per_layer_all,
                   summary.astype({"first_step": "Int64", "floor_exit_step": "Int64", "saturation_step": "Int64"}))

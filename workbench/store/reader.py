@@ -295,18 +295,25 @@ class Run:
         return pd.DataFrame(values.to_numpy(), copy=False, index=values.indexes[layout.STEP_DIM],
                             columns=list(values.indexes[layout.SITE_DIM]))
 
-    def statistic(self, name: str) -> xr.DataArray:
+    def statistic(self, name: str, steps: tuple[int, int] | None = None) -> xr.DataArray:
         """One statistic in memory as (step, site), labelled as ``records().stats.sel(stat=name)``; read in one
-        pass, a twelfth of the bytes of them all in a schema 3 store."""
+        pass, a twelfth of the bytes of them all in a schema 3 store. ``steps`` (first, last): the recorded
+        rows from the first recorded step at or after ``first`` to the last at or before ``last`` (and the rows
+        between them) only."""
         group, n = self._sites_group(), self.recorded_steps_completed
         names = self._stat_names(group)
         if name not in names:
             raise ArgumentError(f"no statistic {name!r}; the statistics are {', '.join(names)}")
         source = layout.array(group, layout.STATS_ARRAY)
         layout.require_rows(source, 0, n)
-        return xr.DataArray(layout.read(source, (slice(0, n), slice(None), names.index(name))),
+        numbers = self._recorded_steps(group, n).to_numpy()
+        start, stop = 0, n
+        if steps is not None:
+            inside = np.flatnonzero((numbers >= steps[0]) & (numbers <= steps[1]))
+            start, stop = (int(inside[0]), int(inside[-1]) + 1) if len(inside) else (0, 0)
+        return xr.DataArray(layout.read(source, (slice(start, stop), slice(None), names.index(name))),
                             dims=(layout.STEP_DIM, layout.SITE_DIM),
-                            coords={layout.STEP_DIM: self._recorded_steps(group, n).to_numpy(),
+                            coords={layout.STEP_DIM: numbers[start:stop],
                                     layout.SITE_DIM: np.array(self._site_names(group), dtype=object),
                                     layout.STAT_DIM: name})
 
@@ -342,10 +349,10 @@ class Run:
                                f"({', '.join(f.name for f in files)} are empty)")
         return trace
 
-    def records(self, *, lazy: bool = True) -> RunRecords:
+    def records(self, *, lazy: bool = True, scalars: pd.DataFrame | None = None) -> RunRecords:
         """Fingerprints in memory and statistics for ``workbench.analysis``: Dask-backed (read
         chunk by chunk when a result needs them, so stores larger than memory work) unless
-        ``lazy=False`` loads them."""
+        ``lazy=False`` loads them. ``scalars``: the run's ``scalars`` where the caller holds them already."""
         group, n = self._sites_group(), self.recorded_steps_completed
         fingerprints = self._fingerprints(group, n)  # the same rows as the statistics, while a run writes more
         source = layout.array(group, layout.STATS_ARRAY)
@@ -359,7 +366,7 @@ class Run:
                                      layout.STAT_DIM: self._stat_names(group)})
         return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
                           model=self.manifest.model.shape() if self.manifest.model else {}, status=self.status,
-                          resumes=self.manifest.resumes, scalars=self.scalars)
+                          resumes=self.manifest.resumes, scalars=self.scalars if scalars is None else scalars)
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""

@@ -35,8 +35,8 @@ from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
-from workbench.analysis.ladder import Ladder, ladder
-from workbench.analysis.noise_floor import NoiseFloor, noise_floor
+from workbench.analysis.ladder import Ladder, ladder_of
+from workbench.analysis.noise_floor import NoiseFloor, leaves_floor, noise_floor
 from workbench.analysis.pairs import PairMatrix, pair_matrix
 from workbench.analysis.scales import judge_against_scales
 from workbench.analysis.sources import COLUMNS as SOURCE_COLUMNS
@@ -142,9 +142,18 @@ class Workspace:
             return cache.setdefault(key, value)
 
     def records(self, name: str) -> RunRecords:
+        """The run's records (``Run.records``): its fingerprints in memory, its statistics lazy. Cached, except
+        for a store that reads statistics apart (schema 3), whose fingerprints (8 bytes per site and recorded
+        step) are read again for each new comparison instead of held for the session (``comparison``, which is
+        cached, keeps only which cells are equal, one byte each)."""
         if name not in self.runs:
             raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
-        return self._cached(self._records, name, self.runs[name].records)  # NoSitesError without records
+        run = self.runs[name]
+        if run.has_sites and run.reads_statistics_apart:
+            with self._lock:
+                held = self._records.get(name)  # older stores' records, or none
+            return held if held is not None else run.records(scalars=self.scalars(name))
+        return self._cached(self._records, name, run.records)  # NoSitesError without records
 
     def anomalies(self, name: str, rules: AnomalyRules | None = None) -> pd.DataFrame:
         """``analysis.anomalies.find_anomalies`` of one run (from its scalars alone if it has no records); cached."""
@@ -153,12 +162,23 @@ class Workspace:
         return self._cached(self._anomalies, (name, rules), lambda: find_anomalies(self.scalars(name), records, rules))
 
     def pair_matrix(self, names: Iterable[str] | None = None) -> PairMatrix:
-        """The first divergent step of every pair of ``names`` (default: every recorded run)."""
-        return pair_matrix(list(names) if names is not None else self.recorded, self.comparison)
+        """The first divergent step of every pair of ``names`` (default: every recorded run); each run's records
+        read once for all its pairs."""
+        held: dict[str, RunRecords] = {}
 
-    def comparison(self, a: str, b: str) -> Comparison:
-        """``analysis.compare`` of two runs; cached."""
-        return self._cached(self._comparisons, (a, b), lambda: compare(self.records(a), self.records(b)))
+        def records(name: str) -> RunRecords:
+            if name not in held:
+                held[name] = self.records(name)
+            return held[name]
+
+        return pair_matrix(list(names) if names is not None else self.recorded,
+                           lambda a, b: self.comparison(a, b, records=records))
+
+    def comparison(self, a: str, b: str, *, records: Callable[[str], RunRecords] | None = None) -> Comparison:
+        """``analysis.compare`` of two runs; cached. ``records``: where to get the runs' records when it is not
+        cached yet (default ``self.records``)."""
+        get = records or self.records
+        return self._cached(self._comparisons, (a, b), lambda: compare(get(a), get(b)))
 
     # -- roles -----------------------------------------------------------------------
 
@@ -212,15 +232,29 @@ class Workspace:
     def ladder(self, names: Iterable[str], *, reference: str | None = None, stat: str = "l2",
                floor: bool = True) -> Ladder:
         """``names`` against the reference (default: the workspace's), per layer, with the noise floor; cached,
-        and computed from the cached comparisons and statistics."""
+        and computed from the cached comparisons. A pair of stores that read statistics apart (schema 3) reads
+        ``stat`` for it and drops it, and the relative difference computed from it; other stores' statistics
+        are cached (``stat_values``), and their relative differences kept."""
         reference, chosen = reference or self.roles.reference, tuple(names)
 
         def compute() -> Ladder:
-            for name in chosen:
-                self.relative_difference(reference, name, stat)  # fills the comparison's cache from stat_values
-            return ladder(self.records(reference), [self.records(n) for n in chosen],
-                          floor=self.floor if floor else None, stat=stat,
-                          comparisons=[self.comparison(reference, n) for n in chosen])
+            comparisons = [self.comparison(reference, n) for n in chosen]
+            apart = [self.runs[reference].reads_statistics_apart and self.runs[n].reads_statistics_apart
+                     for n in chosen]
+            held = self.peek_stat_values(reference, stat) if any(apart) else None
+            for name, result, dropped in zip(chosen, comparisons, apart, strict=True):
+                if dropped:
+                    result.relative(stat, (held, self.peek_stat_values(name, stat)))  # type: ignore[arg-type]
+                else:
+                    self.relative_difference(reference, name, stat)  # from the cached stat_values
+            checks = ({n: leaves_floor(self.records(n), self.floor) for n in chosen}
+                      if floor and self.floor is not None else {})
+            try:
+                return ladder_of(reference, comparisons, stat=stat, floor_checks=checks)
+            finally:
+                for result, dropped in zip(comparisons, apart, strict=True):
+                    if dropped:
+                        result.forget(stat)
 
         return self._cached(self._ladders, (reference, chosen, stat, floor), compute)
 
@@ -315,12 +349,14 @@ class Workspace:
             self._keep_recent(name, stat)
         return values
 
-    def peek_stat_values(self, name: str, stat: str) -> xr.DataArray:
+    def peek_stat_values(self, name: str, stat: str, steps: tuple[int, int] | None = None) -> xr.DataArray:
         """``stat_values`` without changing the cache: the cached values when held, else read and not kept (for
-        background work that must not push out what a view shows)."""
+        work that must not hold or push out a run's statistic). ``steps`` (first, last): those steps only."""
         with self._lock:
             held = self._stat_values.get((name, stat))
-        return held if held is not None else self.runs[name].statistic(stat)
+        if held is None:
+            return self.runs[name].statistic(stat, steps)
+        return held if steps is None else held.sel(step=slice(*steps))
 
     def _keep_recent(self, name: str, stat: str) -> None:
         """Mark ``stat`` of ``name`` the latest used; drop the statistics beyond ``KEPT_STATISTICS``, and the
@@ -439,9 +475,12 @@ class Workspace:
         """``comparison(a, b).relative(stat)``, computed (once) from the cached statistics of the two runs."""
         return self.comparison(a, b).relative(stat, (self.stat_values(a, stat), self.stat_values(b, stat)))
 
-    def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None) -> dict[str, pd.Series]:
-        """One statistic of one site over steps, per run (read ahead by ``read_site_ahead``, else from the
-        cached ``stat_values``)."""
+    def site_series(self, site: str, stat: str = "l2", names: Iterable[str] | None = None, *,
+                    keep_statistic: bool = True) -> dict[str, pd.Series]:
+        """One statistic of one site over steps, per run: the series kept for it (``read_site_ahead``,
+        ``keep_site_series``), else from the cached ``stat_values``; with ``keep_statistic=False`` a run's
+        statistic not cached is read and dropped instead, and the series kept when ``site`` is the one followed
+        (``follow_site``)."""
         series = {}
         for name in self.recorded if names is None else names:
             with self._lock:
@@ -449,9 +488,11 @@ class Workspace:
             if kept is not None:
                 series[name] = kept
                 continue
-            values = self.stat_values(name, stat)
+            values = self.stat_values(name, stat) if keep_statistic else self.peek_stat_values(name, stat)
             if site in values.indexes["site"]:
                 series[name] = values.sel(site=site).to_series()
+                if not keep_statistic:
+                    self._keep_series(name, stat, site, series[name])
         return series
 
     def read_site_ahead(self, site: str, names: Iterable[str]) -> None:
@@ -479,12 +520,18 @@ class Workspace:
             if site not in run_values.indexes["site"]:
                 continue
             series = run_values.sel(site=site).to_series()
-            with self._lock:
-                if self._site_ahead != site:
-                    return kept
-                self._site_series[(name, stat, site)] = series
+            if not self._keep_series(name, stat, site, series):
+                return kept
             kept += int(series.nbytes)
         return kept
+
+    def _keep_series(self, name: str, stat: str, site: str, series: pd.Series) -> bool:
+        """Keep ``series`` of ``site`` if it is the site followed; whether it was."""
+        with self._lock:
+            if self._site_ahead != site:
+                return False
+            self._site_series[(name, stat, site)] = series
+            return True
 
     def follow_site(self, site: str) -> None:
         """Make ``site`` the one whose series ``keep_site_series`` keeps, dropping another site's."""

@@ -31,11 +31,13 @@ from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
-from workbench.studies.workspace import KEPT_STATISTICS, Workspace, runs_dir
+from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 
 Key = tuple[str, str, str]
-"""(reference, compared run, statistic): what the explorer caches a heatmap matrix by."""
+"""(reference, compared run, statistic): what the explorer caches step bins by."""
+KEPT_MATRICES = 2
+"""Heatmap matrices of a range of steps kept (the latest), each 8 bytes per site and step of its range."""
 
 
 class DivergenceExplorer(WorkbenchWidget):
@@ -44,7 +46,7 @@ class DivergenceExplorer(WorkbenchWidget):
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
                  other: str | None = None) -> None:
         super().__init__()
-        self._matrices: dict[Key, pd.DataFrame] = {}
+        self._matrices: dict[tuple[str, str, str, int, int], pd.DataFrame] = {}
         self._overviews: dict[Key, StepBins] = {}
         self._computing: dict[Key, threading.Event] = {}
         """The step bins the background is computing now (``_read_ahead``), each set when done."""
@@ -112,19 +114,24 @@ class DivergenceExplorer(WorkbenchWidget):
             workspace.read_ahead([partial(self._read_ahead, (*pair, stat))
                                   for stat in self.stat.options if stat != self.stat.value])
 
-    def _matrix(self) -> pd.DataFrame:
-        """Full site x step matrix of the current pair and statistic, for a range of steps and the export
-        (the latest ``KEPT_STATISTICS`` kept: a view of every step needs none)."""
+    def _matrix(self, low: int, high: int, *, keep: bool = True) -> pd.DataFrame:
+        """Site x step matrix of the current pair and statistic over steps ``low``..``high``, for a range of
+        steps and the export: computed from those steps' rows alone, read and dropped; the latest
+        ``KEPT_MATRICES`` kept (``keep``)."""
         assert self.workspace is not None
-        key = (self.reference.value, self.other.value, self.stat.value)
+        key = (self.reference.value, self.other.value, self.stat.value, low, high)
         if key in self._matrices:
             self._matrices[key] = self._matrices.pop(key)  # the latest used last
-        else:
-            values = (self.workspace.stat_values(key[0], key[2]), self.workspace.stat_values(key[1], key[2]))
-            self._matrices[key] = heatmap_matrix(self.workspace.comparison(key[0], key[1]), key[2], values=values)
-            for old in list(self._matrices)[:-KEPT_STATISTICS]:
+            return self._matrices[key]
+        a, b, stat = key[:3]
+        values = (self.workspace.peek_stat_values(a, stat, (low, high)),
+                  self.workspace.peek_stat_values(b, stat, (low, high)))
+        matrix = heatmap_matrix(self.workspace.comparison(a, b), stat, steps=(low, high), values=values)
+        if keep:
+            self._matrices[key] = matrix
+            for old in list(self._matrices)[:-KEPT_MATRICES]:
                 del self._matrices[old]
-        return self._matrices[key]
+        return matrix
 
     def _read_ahead(self, key: Key) -> int:
         """In the background: the step bins of ``key`` and, from the same read, the series of the site shown in
@@ -143,22 +150,20 @@ class DivergenceExplorer(WorkbenchWidget):
                 del self._computing[key]
             done.set()
 
-    def _overview(self) -> StepBins:
+    def _overview(self, site: str | None) -> StepBins:
         """The step bins of the current pair and statistic: what a view of every step draws (kept for each
-        statistic of the pair shown, a few MB each; from the full matrix when it is cached, else computed
-        without keeping it)."""
+        statistic of the pair shown, a few MB each), computed from the runs' statistics read and dropped,
+        keeping ``site``'s series of both runs from the same read (the detail shows it next)."""
         assert self.workspace is not None
         key = (self.reference.value, self.other.value, self.stat.value)
         for old in [k for k in list(self._overviews) if k[:2] != key[:2]]:  # another pair's
             self._overviews.pop(old, None)
-        if key in self._matrices:
-            self._overviews.setdefault(key, StepBins.of(self._matrices[key]))
         with self._computing_lock:
             under_way = self._computing.get(key)
         if under_way is not None:  # the background is computing these very bins: sooner done than begun again
             with self.workspace.behind_background():
                 under_way.wait()
-        _overview_of(self.workspace, self._overviews, key, cache=True)
+        _overview_of(self.workspace, self._overviews, key, site=site)
         return self._overviews[key]
 
     def selected_sites(self, sites: list[str]) -> list[str]:
@@ -196,14 +201,17 @@ class DivergenceExplorer(WorkbenchWidget):
         low, high = self.steps.value
         provenance = self.workspace.provenance([result.a, result.b])
         if (low, high) == (self.steps.min, self.steps.max):  # every step: drawn from the step bins
-            bins = self._overview()
+            shown = self.selected[0] if self.selected else result.first_site  # the site the detail shows
+            if shown is not None:
+                self.workspace.follow_site(shown)
+            bins = self._overview(shown)
             rows = self.selected_sites(list(bins.matrix.index))
             figure = divergence_heatmap(result, self.stat.value, provenance=provenance,
                                         overview=bins if len(rows) == len(bins.matrix.index) else bins.rows(rows))
         else:
-            full = self._matrix()
-            rows = self.selected_sites(list(full.index))
-            figure = divergence_heatmap(result, self.stat.value, matrix=full.loc[rows, low:high],
+            matrix = self._matrix(low, high)
+            rows = self.selected_sites(list(matrix.index))
+            figure = divergence_heatmap(result, self.stat.value, matrix=matrix.loc[rows],
                                         provenance=provenance)
         show(self.heatmap, figure)
         self.heatmap.data[0].on_click(self._on_click)
@@ -245,7 +253,7 @@ class DivergenceExplorer(WorkbenchWidget):
         a, b = self.reference.value, self.other.value
         self._detail = (a, b, self.stat.value)
         self.workspace.follow_site(site)  # its other statistics' series kept as the background reads them
-        series = self.workspace.site_series(site, self.stat.value, [a, b])
+        series = self.workspace.site_series(site, self.stat.value, [a, b], keep_statistic=False)
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
         figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
@@ -258,6 +266,7 @@ class DivergenceExplorer(WorkbenchWidget):
             else:
                 print(f"no snapshots of {site} at step {step} in both runs "
                       "(record.snapshot_steps / record.snapshot_sites)")
+        self.workspace.read_site_ahead(site, [a, b])  # its other statistics, for the next statistic chosen
 
     def figures(self) -> dict[str, go.Figure]:
         """The figures currently shown, by file name."""
@@ -269,23 +278,20 @@ class DivergenceExplorer(WorkbenchWidget):
     def exported(self) -> Exported | None:
         if self.workspace is None:
             return None
-        matrix = self._matrix()
-        rows = self.selected_sites(list(matrix.index))
         low, high = self.steps.value
-        return self.figures(), {"divergence-heatmap": matrix.loc[rows, low:high]}
+        matrix = self._matrix(low, high, keep=(low, high) != (self.steps.min, self.steps.max))
+        return self.figures(), {"divergence-heatmap": matrix.loc[self.selected_sites(list(matrix.index))]}
 
 
 
-def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key, *, cache: bool = False,
-                 site: str | None = None) -> int:
+def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key, *, site: str | None = None) -> int:
     """Compute the step bins of ``key`` (reference, other, statistic) into ``overviews`` unless they are there,
-    from the two runs' statistics: the workspace's cached ones (``cache``: read and kept when missing), else
-    read and dropped (``Workspace.peek_stat_values``); the full matrix is not kept. With ``site``, that site's
-    series of both runs are kept too (``Workspace.keep_site_series``). The bytes they hold."""
+    from the two runs' statistics read and dropped (``Workspace.peek_stat_values``; the full matrix is not
+    made). With ``site``, that site's series of both runs are kept too (``Workspace.keep_site_series``). The
+    bytes they hold."""
     if key in overviews:
         return 0
-    read = workspace.stat_values if cache else workspace.peek_stat_values
-    values = (read(key[0], key[2]), read(key[1], key[2]))
+    values = (workspace.peek_stat_values(key[0], key[2]), workspace.peek_stat_values(key[1], key[2]))
     bins = StepBins.of_values(workspace.comparison(key[0], key[1]), values)
     overviews[key] = bins
     kept = workspace.keep_site_series(site, key[2], dict(zip(key[:2], values, strict=True))) if site else 0

@@ -86,7 +86,7 @@ class LadderWidget(WorkbenchWidget):
 
     @staticmethod
     def _labels(workspace: Workspace) -> list[str]:
-        return layer_order(sorted({layer_label(s) for s in workspace.records(workspace.roles.reference).sites}))
+        return layer_order(sorted({layer_label(s) for s in workspace.runs[workspace.roles.reference].site_names()}))
 
     def _kept(self, label: str) -> bool:
         layer = labelled_layer(label)
