@@ -495,11 +495,11 @@ class Workspace:
                     self._keep_series(name, stat, site, series[name])
         return series
 
-    def read_site_ahead(self, site: str, names: Iterable[str]) -> None:
-        """Every statistic of ``site`` in the runs among ``names`` that read statistics apart, in the background
-        (``read_ahead``): each statistic read once and dropped, the site's series kept, so that
-        ``site_series`` of another statistic reads nothing. For one site at a time: a later call drops the
-        series of the earlier site and the reads still queued for it."""
+    def read_site_ahead(self, site: str, names: Iterable[str], stats: Iterable[str] = STAT_NAMES) -> None:
+        """Each of ``stats`` (default: every statistic) of ``site`` in the runs among ``names`` that read
+        statistics apart, in the background (``read_ahead``): each statistic read once and dropped, the site's
+        series kept, so that ``site_series`` of another statistic reads nothing. For one site at a time: a
+        later call drops the series of the earlier site and the reads still queued for it."""
         chosen = [n for n in dict.fromkeys(names) if n in self.recorded and self.runs[n].reads_statistics_apart]
         self.follow_site(site)
 
@@ -509,7 +509,7 @@ class Workspace:
                     return 0
             return self.keep_site_series(site, stat, {name: self.peek_stat_values(name, stat)})
 
-        self.read_ahead([partial(task, name, stat) for stat in STAT_NAMES for name in chosen])
+        self.read_ahead([partial(task, name, stat) for stat in stats for name in chosen])
 
     def keep_site_series(self, site: str, stat: str, values: dict[str, xr.DataArray]) -> int:
         """Keep ``site``'s series of ``stat`` from runs' (step, site) ``values`` read for other work, for

@@ -266,7 +266,9 @@ class DivergenceExplorer(WorkbenchWidget):
             else:
                 print(f"no snapshots of {site} at step {step} in both runs "
                       "(record.snapshot_steps / record.snapshot_sites)")
-        self.workspace.read_site_ahead(site, [a, b])  # its other statistics, for the next statistic chosen
+        # its other statistics, for the next statistic chosen: those whose step bins are done (the background
+        # keeps the clicked site's series as it computes the others' bins, from the same reads)
+        self.workspace.read_site_ahead(site, [a, b], [s for s in self.stat.options if (a, b, s) in self._overviews])
 
     def figures(self) -> dict[str, go.Figure]:
         """The figures currently shown, by file name."""
