@@ -123,3 +123,28 @@ def test_a_run_started_at_another_layout_is_held_to_the_noise_floor(tmp_path: Pa
     # (the synthetic fingerprints differ where the runs diverge, here alike in both)
     assert main(["resume-check", str(near), str(source)]) == 0
     assert "noise floor" not in capsys.readouterr().out
+
+
+def test_the_reading_verbs_take_a_url_fsspec_reads(pair, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    a, b, _ = pair
+    memory, prefix = fsspec.filesystem("memory"), f"/cli-{tmp_path.name}"
+    for run_dir in (a, b):
+        memory.put(str(run_dir), f"{prefix}/{run_dir.name}", recursive=True)
+    url_a, url_b = f"memory:/{prefix}/a", f"memory:/{prefix}/b"
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert main(["compare", url_a, url_b, "--json"]) == 0  # kept as a URL: a Path would fold its "//"
+    remote = json.loads(capsys.readouterr().out)
+    assert remote["first_step"] == local["first_step"] == 12 and remote["first_site"] == local["first_site"]
+    assert main(["check", url_b, "--golden", url_a, "--steps", "13"]) == 1
+    assert "differ" in capsys.readouterr().out.lower()
+    assert main(["anomalies", url_a]) == 0
+    out = tmp_path / "golden.json"
+    assert main(["golden", url_a, "--out", str(out)]) == 0 and out.is_file()
+    assert main(["check", str(a), "--golden", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["compare", f"memory:/{prefix}/nowhere", url_b]) == 2
+    error = capsys.readouterr().err
+    assert f"memory:/{prefix}/nowhere" in error and len(error.strip().splitlines()) == 1

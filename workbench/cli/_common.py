@@ -74,6 +74,12 @@ def output_problem(path: Path, *, folder: bool) -> str | None:
     return None
 
 
+def run_location(text: str) -> str | Path:
+    """An argparse ``type``: a run to read, a local path or a URL that fsspec reads (``s3://bucket/runs/a``,
+    ``memory://runs/a``), kept as written (a ``Path`` would fold its ``//``)."""
+    return text if "://" in text and not text.startswith("file://") else Path(text.removeprefix("file://"))
+
+
 def writable_dir(text: str) -> Path:
     """An argparse ``type``: an output folder that can be created (or exists)."""
     if problem := output_problem(Path(text), folder=True):

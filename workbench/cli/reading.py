@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from workbench import environment
-from workbench.cli._common import finite, print_safe, terminal_safe, whole, writable_file
+from workbench.cli._common import finite, print_safe, run_location, terminal_safe, whole, writable_file
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def _summary(args: argparse.Namespace) -> int:
 
 def _add_compare(verbs: argparse._SubParsersAction) -> None:
     cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site)")
-    cmp.add_argument("a", type=Path)
-    cmp.add_argument("b", type=Path)
+    cmp.add_argument("a", type=run_location, help="a run folder, or a URL fsspec reads (s3://bucket/runs/a)")
+    cmp.add_argument("b", type=run_location)
     cmp.add_argument("--json", action="store_true", help="print the result as JSON")
     cmp.set_defaults(func=_compare)
 
@@ -75,9 +75,10 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _add_check(verbs: argparse._SubParsersAction) -> None:
     check = verbs.add_parser("check", help="check a run against a golden reference (exit 1 if it differs)")
-    check.add_argument("run", type=Path)
-    check.add_argument("--golden", type=Path, required=True, help="the reference: a run, or a golden-values JSON "
-                       "file (Megatron-LM's format or the workbench's, from `workbench golden`)")
+    check.add_argument("run", type=run_location)
+    check.add_argument("--golden", type=run_location, required=True, help="the reference: a run (a folder or a "
+                       "URL), or a local golden-values JSON file (Megatron-LM's format or the workbench's, from "
+                       "`workbench golden`)")
     check.add_argument("--steps", type=whole(1), default=None, help="check the reference's steps below N")
     check.add_argument("--rtol", type=finite(0, inclusive=True), default=None,
                        help="compare statistics within this relative tolerance instead of fingerprints bitwise")
@@ -89,7 +90,7 @@ def _check(args: argparse.Namespace) -> int:
     from workbench.store.reader import open_run
 
     run = open_run(args.run)
-    if args.golden.suffix == ".json" or args.golden.is_file():  # a golden-values file, either format
+    if isinstance(args.golden, Path) and (args.golden.suffix == ".json" or args.golden.is_file()):  # a file
         from workbench.analysis.golden_values import golden_values_check, read_golden_values, weights_fingerprints
 
         golden = read_golden_values(args.golden)
@@ -109,7 +110,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _add_golden(verbs: argparse._SubParsersAction) -> None:
     golden = verbs.add_parser("golden", help="write a run's golden-values file for CI (a few KiB)")
-    golden.add_argument("run", type=Path)
+    golden.add_argument("run", type=run_location)
     golden.add_argument("--out", type=writable_file, required=True, help="the JSON file to write")
     golden.add_argument("--megatron", action="store_true", help="Megatron-LM's functional-test format (1-based "
                         "iterations, 5 decimals, no fingerprints) instead of the workbench's (full precision, "
@@ -145,11 +146,11 @@ def _add_resume_check(verbs: argparse._SubParsersAction) -> None:
     resume = verbs.add_parser("resume-check", help="check a resumed run against the uninterrupted one from the "
                               "resume step on (exit 1 if it differs, or, started at another layout, if it leaves "
                               "the noise floor)")
-    resume.add_argument("resumed", type=Path)
-    resume.add_argument("reference", type=Path, help="the uninterrupted run")
+    resume.add_argument("resumed", type=run_location)
+    resume.add_argument("reference", type=run_location, help="the uninterrupted run")
     resume.add_argument("--from-step", type=whole(0), default=None, metavar="K",
                         help="check from step K (default: the step the run was resumed from)")
-    resume.add_argument("--floor", type=Path, default=None, metavar="RUN",
+    resume.add_argument("--floor", type=run_location, default=None, metavar="RUN",
                         help="the noise floor's run: a run started at another layout is held to this run's distance "
                              "to the reference (default: the run whose checkpoint it started from); with a floor "
                              "the exit code is 1 only above it")
@@ -169,7 +170,7 @@ def _resume_check(args: argparse.Namespace) -> int:
 def _add_anomalies(verbs: argparse._SubParsersAction) -> None:
     anomalies = verbs.add_parser("anomalies", help="first NaN/Inf, loss spikes, gradient norms, update ratios "
                                  "(exit 1 if any)")
-    anomalies.add_argument("run", type=Path)
+    anomalies.add_argument("run", type=run_location)
     anomalies.add_argument("--window", type=whole(2), default=20, help="steps in the rolling baseline")
     anomalies.add_argument("--spike-factor", type=finite(0, inclusive=False), default=6.0,
                            help="a loss spike lies this many MADs above the rolling median")
