@@ -185,6 +185,9 @@ class StepBins:
         rows = max(1, _BLOCK_CELLS // max(len(sites), 1)) // width * width or width  # whole bins per block
         binned = np.empty((-(-len(equal.index) // width), len(sites)))  # [bin, site]
         for start in range(0, len(equal.index), rows):
+            if is_equal[start:start + rows].all():  # every cell bitwise equal (all steps before the first
+                binned[start // width:-(-min(start + rows, len(equal.index)) // width)] = -1.0  # divergence)
+                continue
             block = relative_of(*(s.take(start, start + rows) for s in sources))  # [step, site]
             np.copyto(block, np.inf, where=~np.isfinite(block))  # undefined: drawn as 0, above every difference
             np.copyto(block, -1.0, where=is_equal[start:start + rows])  # below every difference
