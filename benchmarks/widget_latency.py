@@ -135,6 +135,7 @@ def explorer_session(explorer_class: type, a: Path, b: Path, args: argparse.Name
     changed = time.perf_counter()
     explorer.stat.value = "min"
     row("explorer: a new statistic, chosen as the background runs", time.perf_counter() - changed)
+    row("explorer: ... its first figure (the heatmap)", explorer.last_update_s)
     explorer.workspace.preloaded()  # type: ignore[union-attr]
     row("explorer: background reads and views done after opening", time.perf_counter() - start)
     row("memory: explorer opened, background done (+MB per run)", (rss_mb() - imported) / 2)
