@@ -106,7 +106,8 @@ def summarise(ws: Workspace) -> StudySummary:
     """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.roles.reference
-    findings = study_findings(records, reference, ws.roles.repeat_groups, comparison=ws.comparison,
+    findings = study_findings(records, reference, ws.roles.repeat_groups,
+                              comparison=lambda a, b: ws.comparison(a, b, records=records.__getitem__),
                               runtimes={name: run.manifest.runtime for name, run in ws.runs.items()}) \
         if reference in records else []
     comparisons = ws.ladder(ws.roles.others) if reference in records and ws.roles.others else None

@@ -150,9 +150,7 @@ class Workspace:
             raise RunNotFoundError(f"no run {name!r} here; the runs are {', '.join(self.runs)}")
         run = self.runs[name]
         if run.has_sites and run.reads_statistics_apart:
-            with self._lock:
-                held = self._records.get(name)  # older stores' records, or none
-            return held if held is not None else run.records(scalars=self.scalars(name))
+            return run.records(scalars=self.scalars(name))
         return self._cached(self._records, name, run.records)  # NoSitesError without records
 
     def anomalies(self, name: str, rules: AnomalyRules | None = None) -> pd.DataFrame:
