@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -50,14 +51,20 @@ class Comparison:
     origin_sites: list[str]
     frontier: pd.Series
     """Per site, the first step at which it differs (sites that never differ are absent)."""
-    relative_difference: xr.DataArray
-    """|a - b| / max(|a|, |b|) per (step, site, stat); 0 where both are equal, NaN where undefined."""
+    stats: tuple[xr.DataArray, xr.DataArray] = field(repr=False, compare=False)
+    """Both runs' statistics (step, site, stat) on the common steps and sites, as lazy as the runs' are."""
     warnings: list[str] = field(default_factory=list)
     _relative: dict[str, xr.DataArray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def identical(self) -> bool:
         return self.first_step is None
+
+    @cached_property
+    def relative_difference(self) -> xr.DataArray:
+        """|a - b| / max(|a|, |b|) per (step, site, stat); 0 where both are equal, NaN where undefined. Lazy when
+        the runs' statistics are; built when first asked for (its graph alone is not free at 10k x 1k)."""
+        return relative_difference(*self.stats)
 
     def first_difference(self, steps: list[int] | None = None) -> FirstHit | None:
         """The first (step, site) where the runs differ among ``steps`` (default: every common step)."""
@@ -224,8 +231,7 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
         equal=equal, first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         origin_sites=[] if first is None else origin_sites(equal.loc[first.step]), frontier=frontier,
-        relative_difference=relative_difference(_aligned_stats(a.stats, steps, sites),
-                                                _aligned_stats(b.stats, steps, sites)),
+        stats=(_aligned_stats(a.stats, steps, sites), _aligned_stats(b.stats, steps, sites)),
         warnings=warnings)
 
 
