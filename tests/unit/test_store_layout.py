@@ -8,16 +8,19 @@ import socket
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import xarray as xr
 import zarr
 
 from workbench.analysis import compare
+from workbench.analysis.compare import compare_runs
 from workbench.cli import main
 from workbench.errors import ArgumentError, DamagedStoreError, RunNotFoundError
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, upgrade
 from workbench.store.blocks import block_frontier
-from workbench.store.reader import open_run
+from workbench.store.reader import Run, open_run
 from workbench.store.synthetic import synthetic_sites, write_synthetic_run
 from workbench.store.upgrade import upgrade_plan, upgrade_store
 from workbench.store.writer import SiteWriter, create_sites_group, create_store, set_status, update_manifest
@@ -200,6 +203,31 @@ def test_the_first_divergence_read_block_by_block_is_the_one_compare_finds(
     assert (found.first_step, found.first_site) == (expected.first_step, expected.first_site)
     assert found.frontier.to_dict() == expected.frontier.to_dict()
     assert found.blocks_read <= 2  # the block where every site first differs, and the last, partial one
+
+
+@pytest.mark.parametrize(("steps_b", "diverge_at"), [(300, None), (300, (0, 0)), (300, (63, 39)), (230, (130, 7)),
+                                                    (300, (299, 3))])
+def test_a_comparison_from_the_folds_is_the_one_compare_makes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps_b: int, diverge_at: tuple[int, int] | None) -> None:
+    a = write_synthetic_run(tmp_path / "a", steps=300, sites=40, seed=1)
+    b = write_synthetic_run(tmp_path / "b", steps=steps_b, sites=40, seed=1, diverge_at=diverge_at)
+    expected = compare(open_run(a).records(), open_run(b).records())
+    read: list[int] = []
+    rows = Run.fingerprint_rows
+    monkeypatch.setattr(Run, "fingerprint_rows",
+                        lambda self, start, stop: (read.append(stop - start), rows(self, start, stop))[1])
+    got = compare_runs(open_run(a), open_run(b))
+    assert got is not None and max(read, default=0) <= 64  # no fingerprints read whole
+    for field in ("a", "b", "common_steps", "common_sites", "only_in_a", "only_in_b", "first_step", "first_site",
+                  "origin_sites", "warnings"):
+        assert getattr(got, field) == getattr(expected, field), field
+    pd.testing.assert_series_equal(got.frontier, expected.frontier)
+    assert got.only_in_a["steps"] == list(range(steps_b, 300))
+    xr.testing.assert_identical(got.relative_difference.load(), expected.relative_difference.load())
+    pd.testing.assert_frame_equal(got.equal, expected.equal)  # read whole now, when asked for
+    assert max(read) == steps_b
+    old = write_synthetic_run(tmp_path / "old", steps=300, sites=40, seed=1, schema_version=2)
+    assert compare_runs(open_run(a), open_run(old)) is None  # no folds: compare the records
 
 
 def test_a_fold_that_disagrees_with_its_rows_is_damage(tmp_path: Path) -> None:

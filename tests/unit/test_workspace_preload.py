@@ -115,6 +115,7 @@ def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fi
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pandas as pd
 
+    from workbench.analysis.compare import compare
     from workbench.analysis.ladder import ladder
     from workbench.store.reader import Run, open_run
 
@@ -131,9 +132,16 @@ def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fi
     assert all(ws.comparison("a", n).relative_bytes() == 0 for n in "bc")
 
     reads: list[str] = []
-    records = Run.records
+    records, rows = Run.records, Run.fingerprint_rows
     monkeypatch.setattr(Run, "records", lambda self, **kw: (reads.append(self.name), records(self, **kw))[1])
+    read_rows: list[int] = []
+    monkeypatch.setattr(Run, "fingerprint_rows",
+                        lambda self, start, stop: (read_rows.append(stop - start), rows(self, start, stop))[1])
     ws = Workspace.open(tmp_path)
-    ws.pair_matrix()
-    assert sorted(reads) == ["a", "b", "c"]  # each run's fingerprints read once for its two pairs, then dropped
-    assert ws._records == {}
+    matrix = ws.pair_matrix()
+    assert reads == [] and ws._records == {}  # compared from the folds: no run's fingerprints read whole
+    assert read_rows and max(read_rows) <= 64  # a block of rows at most, of the 150
+    assert matrix.first_step.loc["a", "b"] == 70 and matrix.first_step.loc["a", "c"] == 90
+    assert matrix.first_step.loc["b", "c"] == 70
+    assert ws.comparison("a", "b").equal.equals(compare(records(open_run(tmp_path / "a")),
+                                                        records(open_run(tmp_path / "b"))).equal)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,9 @@ from workbench.analysis.difference import FirstHit, first_true, relative_differe
 from workbench.errors import IncomparableRunsError
 from workbench.sites import KINDS, split_site
 from workbench.store.records import RunRecords
+
+if TYPE_CHECKING:
+    from workbench.store.reader import Run
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,6 @@ class Comparison:
     only_in_a: dict[str, list[Any]]
     """Steps and sites that only run ``a`` recorded (keys ``steps``, ``sites``)."""
     only_in_b: dict[str, list[Any]]
-    equal: pd.DataFrame
-    """bool (step x site): fingerprints equal."""
     first_step: int | None
     first_site: str | None
     origin_sites: list[str]
@@ -53,12 +54,20 @@ class Comparison:
     """Per site, the first step at which it differs (sites that never differ are absent)."""
     stats: tuple[xr.DataArray, xr.DataArray] = field(repr=False, compare=False)
     """Both runs' statistics (step, site, stat) on the common steps and sites, as lazy as the runs' are."""
+    equal_cells: Callable[[], pd.DataFrame] = field(repr=False, compare=False)
+    """What makes ``equal`` (called once, when it is first asked for)."""
     warnings: list[str] = field(default_factory=list)
     _relative: dict[str, xr.DataArray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def identical(self) -> bool:
         return self.first_step is None
+
+    @cached_property
+    def equal(self) -> pd.DataFrame:
+        """bool (step x site): fingerprints equal. A comparison from the stores' folds (``compare_runs``) reads
+        the fingerprints for it only now."""
+        return self.equal_cells()
 
     @cached_property
     def relative_difference(self) -> xr.DataArray:
@@ -154,7 +163,15 @@ def _finite_or_none(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _check_comparable(a: RunRecords, b: RunRecords) -> list[str]:
+@dataclass(frozen=True)
+class RunFacts:
+    """What ``_check_comparable`` needs of a run."""
+    name: str
+    model: dict[str, Any]
+    status: str
+
+
+def _check_comparable(a: RunRecords | RunFacts, b: RunRecords | RunFacts) -> list[str]:
     if a.model and b.model and a.model != b.model:
         changed = sorted(k for k in set(a.model) | set(b.model) if a.model.get(k) != b.model.get(k))
         raise IncomparableRunsError(
@@ -229,10 +246,51 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         a=a.name, b=b.name, common_steps=steps, common_sites=sites,
         only_in_a={"steps": sorted(set(a.steps) - set(steps)), "sites": only_sites_a},
         only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
-        equal=equal, first_step=None if first is None else first.step, first_site=None if first is None else first.site,
+        first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         origin_sites=[] if first is None else origin_sites(equal.loc[first.step]), frontier=frontier,
         stats=(_aligned_stats(a.stats, steps, sites), _aligned_stats(b.stats, steps, sites)),
-        warnings=warnings)
+        equal_cells=lambda: equal, warnings=warnings)
+
+
+def compare_runs(a: Run, b: Run) -> Comparison | None:
+    """``compare(a.records(), b.records())`` without reading either run's fingerprints whole, where both stores
+    fold them block by block (schema 3) and record the same steps in the same rows: the first divergence and
+    the frontier from the folds and the rows of the blocks where a site first differs
+    (``store.blocks.block_frontier``), the origins from the first divergent step's row, the statistics lazy;
+    the fingerprints are read only when ``Comparison.equal`` is asked for. None where that does not apply
+    (then ``compare`` the records)."""
+    from workbench.store.blocks import block_frontier  # reading stores: not needed by ``compare``
+
+    if not (a.has_bin_fingerprints and b.has_bin_fingerprints):
+        return None
+    warnings = _check_comparable(*(RunFacts(run.name, run.manifest.model.shape() if run.manifest.model else {},
+                                            run.status) for run in (a, b)))
+    found = block_frontier(a, b)
+    steps_a, steps_b = a.recorded_step_numbers(), b.recorded_step_numbers()
+    if found is None or not all((np.diff(s) > 0).all() for s in (steps_a, steps_b)):
+        return None  # rows that do not line up by step (or a step recorded twice): ``compare`` aligns them
+    n, sites, (columns_a, columns_b) = len(found.steps), found.sites, found.columns
+    steps = [int(s) for s in found.steps]
+
+    def equal_rows(start: int, stop: int) -> np.ndarray:
+        return a.fingerprint_rows(start, stop)[:, columns_a] == b.fingerprint_rows(start, stop)[:, columns_b]
+
+    def equal_cells() -> pd.DataFrame:
+        return pd.DataFrame(equal_rows(0, n), index=pd.Index(steps, name="step"), columns=sites, copy=False)
+
+    origins = []
+    if found.first_step is not None:
+        row = steps.index(found.first_step)
+        origins = origin_sites(pd.Series(equal_rows(row, row + 1)[0], index=sites))
+    names_a, names_b = a.site_names(), b.site_names()
+    in_a, in_b = set(names_a), set(names_b)
+    return Comparison(
+        a=a.name, b=b.name, common_steps=steps, common_sites=sites,
+        only_in_a={"steps": [int(s) for s in steps_a[n:]], "sites": [s for s in names_a if s not in in_b]},
+        only_in_b={"steps": [int(s) for s in steps_b[n:]], "sites": [s for s in names_b if s not in in_a]},
+        first_step=found.first_step, first_site=found.first_site, origin_sites=origins, frontier=found.frontier,
+        stats=(_aligned_stats(a.statistics(), steps, sites), _aligned_stats(b.statistics(), steps, sites)),
+        equal_cells=equal_cells, warnings=warnings)
 
 
 def _aligned(frame: pd.DataFrame, steps: list[int], sites: list[str]) -> np.ndarray:

@@ -34,6 +34,12 @@ class BlockFrontier:
     steps_compared: int
     blocks_read: int
     """Blocks of rows read (besides the folds), the last partial block included."""
+    steps: np.ndarray
+    """The step numbers of the rows compared: the first ``steps_compared`` rows of both runs."""
+    sites: list[str]
+    """The sites both runs recorded, in the first run's execution order."""
+    columns: tuple[np.ndarray, np.ndarray]
+    """Each run's column of each of ``sites``."""
 
 
 def block_frontier(a: Run, b: Run) -> BlockFrontier | None:
@@ -72,12 +78,12 @@ def block_frontier(a: Run, b: Run) -> BlockFrontier | None:
         hit = unequal.any(axis=0)
         steps[sites[hit]] = steps_a[start + unequal.argmax(axis=0)[hit]]
     ever = steps >= 0
-    frontier = pd.Series(steps[ever], index=pd.Index([names_a[i] for i in columns_a[ever]], name="site"), dtype=int)
-    if frontier.empty:
-        return BlockFrontier(None, None, frontier, n, len(blocks))
-    first_step = int(frontier.min())
-    first_site = str(frontier.index[int(np.argmax(frontier.to_numpy() == first_step))])
-    return BlockFrontier(first_step, first_site, frontier, n, len(blocks))
+    common_sites = [names_a[i] for i in columns_a]
+    frontier = pd.Series(steps[ever], index=pd.Index(common_sites)[ever], dtype=int)
+    first_step = int(frontier.min()) if not frontier.empty else None
+    first_site = None if first_step is None else str(frontier.index[int(np.argmax(frontier.to_numpy() == first_step))])
+    return BlockFrontier(first_step, first_site, frontier, n, len(blocks), steps_a[:n], common_sites,
+                         (columns_a, columns_b))
 
 
 def _check_fold(run: Run, block: int, rows: np.ndarray, fold: np.ndarray, start: int) -> None:

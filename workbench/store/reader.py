@@ -355,18 +355,27 @@ class Run:
         ``lazy=False`` loads them. ``scalars``: the run's ``scalars`` where the caller holds them already."""
         group, n = self._sites_group(), self.recorded_steps_completed
         fingerprints = self._fingerprints(group, n)  # the same rows as the statistics, while a run writes more
+        stats = self._lazy_statistics(group, n, fingerprints.index.to_numpy(), fingerprints.columns.to_numpy())
+        return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
+                          model=self.manifest.model.shape() if self.manifest.model else {}, status=self.status,
+                          resumes=self.manifest.resumes, scalars=self.scalars if scalars is None else scalars)
+
+    def statistics(self) -> xr.DataArray:
+        """Every statistic (step, site, stat) of the written recorded steps, Dask-backed: ``records().stats``
+        without reading the fingerprints."""
+        group, n = self._sites_group(), self.recorded_steps_completed
+        return self._lazy_statistics(group, n, self._recorded_steps(group, n).to_numpy(),
+                                     np.array(self._site_names(group), dtype=object))
+
+    def _lazy_statistics(self, group: zarr.Group, n: int, steps: np.ndarray, sites: np.ndarray) -> xr.DataArray:
         source = layout.array(group, layout.STATS_ARRAY)
         layout.require_rows(source, 0, n)
         # Dask reads chunk by chunk through a guard that names this store when a chunk is damaged; the
         # graph spans the written rows only, never the declared shape.
         data = da.from_array(layout.GuardedArray(source, rows=n), chunks=source.chunks)  # one statistic each in v3
-        stats = xr.DataArray(data, dims=(layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM),
-                             coords={layout.STEP_DIM: fingerprints.index.to_numpy(),
-                                     layout.SITE_DIM: fingerprints.columns.to_numpy(),
-                                     layout.STAT_DIM: self._stat_names(group)})
-        return RunRecords(name=self.name, fingerprints=fingerprints, stats=stats if lazy else stats.load(),
-                          model=self.manifest.model.shape() if self.manifest.model else {}, status=self.status,
-                          resumes=self.manifest.resumes, scalars=self.scalars if scalars is None else scalars)
+        return xr.DataArray(data, dims=(layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM),
+                            coords={layout.STEP_DIM: steps, layout.SITE_DIM: sites,
+                                    layout.STAT_DIM: self._stat_names(group)})
 
     def records_or_none(self) -> RunRecords | None:
         """``records()``, or None for a run that recorded no sites (its scalars are all there is)."""

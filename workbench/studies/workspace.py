@@ -31,7 +31,7 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-from workbench.analysis.compare import Comparison, compare
+from workbench.analysis.compare import Comparison, compare, compare_runs
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.analysis.cost import ThroughputSample, determinism_cost
 from workbench.analysis.elementwise import ElementwiseDifference, elementwise_difference
@@ -173,10 +173,21 @@ class Workspace:
                            lambda a, b: self.comparison(a, b, records=records))
 
     def comparison(self, a: str, b: str, *, records: Callable[[str], RunRecords] | None = None) -> Comparison:
-        """``analysis.compare`` of two runs; cached. ``records``: where to get the runs' records when it is not
-        cached yet (default ``self.records``)."""
+        """``analysis.compare`` of two runs; cached. Two stores that read statistics apart (schema 3, whose records
+        are not held) are compared from their folds (``analysis.compare.compare_runs``), their fingerprints read
+        whole only for ``Comparison.equal``; others from their records: ``records``, where to get them (default
+        ``self.records``)."""
         get = records or self.records
-        return self._cached(self._comparisons, (a, b), lambda: compare(get(a), get(b)))
+
+        def compute() -> Comparison:
+            if a not in self.runs or b not in self.runs:
+                raise RunNotFoundError(f"no run {a if a not in self.runs else b!r} here; the runs are "
+                                       f"{', '.join(self.runs)}")
+            runs = self.runs[a], self.runs[b]
+            folded = compare_runs(*runs) if all(r.has_sites and r.reads_statistics_apart for r in runs) else None
+            return folded if folded is not None else compare(get(a), get(b))
+
+        return self._cached(self._comparisons, (a, b), compute)
 
     # -- roles -----------------------------------------------------------------------
 
