@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,8 +52,9 @@ class Comparison:
     origin_sites: list[str]
     frontier: pd.Series
     """Per site, the first step at which it differs (sites that never differ are absent)."""
-    stats: tuple[xr.DataArray, xr.DataArray] = field(repr=False, compare=False)
-    """Both runs' statistics (step, site, stat) on the common steps and sites, as lazy as the runs' are."""
+    statistics: Callable[[], tuple[xr.DataArray, xr.DataArray]] = field(repr=False, compare=False)
+    """What gives both runs' statistics (step, site, stat) on the common steps and sites, as lazy as the runs'
+    are (called when ``relative_difference`` is first asked for)."""
     equal_cells: Callable[[], pd.DataFrame] = field(repr=False, compare=False)
     """What makes ``equal`` (called once, when it is first asked for)."""
     warnings: list[str] = field(default_factory=list)
@@ -73,7 +74,7 @@ class Comparison:
     def relative_difference(self) -> xr.DataArray:
         """|a - b| / max(|a|, |b|) per (step, site, stat); 0 where both are equal, NaN where undefined. Lazy when
         the runs' statistics are; built when first asked for (its graph alone is not free at 10k x 1k)."""
-        return relative_difference(*self.stats)
+        return relative_difference(*self.statistics())
 
     def first_difference(self, steps: list[int] | None = None) -> FirstHit | None:
         """The first (step, site) where the runs differ among ``steps`` (default: every common step)."""
@@ -248,7 +249,7 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
         first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         origin_sites=[] if first is None else origin_sites(equal.loc[first.step]), frontier=frontier,
-        stats=(_aligned_stats(a.stats, steps, sites), _aligned_stats(b.stats, steps, sites)),
+        statistics=partial(_both_aligned, a.stats, b.stats, steps, sites),  # holds no fingerprints
         equal_cells=lambda: equal, warnings=warnings)
 
 
@@ -289,7 +290,7 @@ def compare_runs(a: Run, b: Run) -> Comparison | None:
         only_in_a={"steps": [int(s) for s in steps_a[n:]], "sites": [s for s in names_a if s not in in_b]},
         only_in_b={"steps": [int(s) for s in steps_b[n:]], "sites": [s for s in names_b if s not in in_a]},
         first_step=found.first_step, first_site=found.first_site, origin_sites=origins, frontier=found.frontier,
-        stats=(_aligned_stats(a.statistics(), steps, sites), _aligned_stats(b.statistics(), steps, sites)),
+        statistics=lambda: _both_aligned(a.statistics(), b.statistics(), steps, sites),
         equal_cells=equal_cells, warnings=warnings)
 
 
@@ -298,6 +299,11 @@ def _aligned(frame: pd.DataFrame, steps: list[int], sites: list[str]) -> np.ndar
     if list(frame.index) == steps and list(frame.columns) == sites:
         return frame.to_numpy()
     return frame.loc[steps, sites].to_numpy()
+
+
+def _both_aligned(a: xr.DataArray, b: xr.DataArray, steps: list[int],
+                  sites: list[str]) -> tuple[xr.DataArray, xr.DataArray]:
+    return _aligned_stats(a, steps, sites), _aligned_stats(b, steps, sites)
 
 
 def _aligned_stats(stats: xr.DataArray, steps: list[int], sites: list[str]) -> xr.DataArray:
