@@ -273,8 +273,12 @@ def compare_runs(a: Run, b: Run) -> Comparison | None:
     n, sites, (columns_a, columns_b) = len(found.steps), found.sites, found.columns
     steps = [int(s) for s in found.steps]
 
+    def common_columns(run: Run, columns: np.ndarray, start: int, stop: int) -> np.ndarray:
+        rows = run.fingerprint_rows(start, stop)
+        return rows if np.array_equal(columns, np.arange(rows.shape[1])) else rows[:, columns]  # no copy: all, in order
+
     def equal_rows(start: int, stop: int) -> np.ndarray:
-        return a.fingerprint_rows(start, stop)[:, columns_a] == b.fingerprint_rows(start, stop)[:, columns_b]
+        return common_columns(a, columns_a, start, stop) == common_columns(b, columns_b, start, stop)
 
     def equal_cells() -> pd.DataFrame:
         return pd.DataFrame(equal_rows(0, n), index=pd.Index(steps, name="step"), columns=sites, copy=False)

@@ -81,7 +81,7 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     """Figures by file-safe name, in reading order."""
     figures = {"loss": views.trajectories(ws, "loss", title="loss of every run", anomalies=True).figure}
     for a, b in comparison_pairs(ws):
-        result = ws.comparison(a, b)
+        result = ws.comparison(a, b, cells=True)
         figures[f"heatmap-{a}-vs-{b}"] = views.heatmap(ws, a, b).figure
         if not result.identical:
             figures[f"growth-{a}-vs-{b}"] = amplification_figure(result, provenance=ws.provenance([a, b]))

@@ -91,7 +91,7 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
 
 def heatmap(ws: Workspace, a: str, b: str, stat: str = "l2") -> View:
     """Where two runs diverge: site x step, bitwise equal or the log10 relative difference of ``stat``."""
-    result = ws.comparison(a, b)
+    result = ws.comparison(a, b, cells=True)
     matrix = heatmap_matrix(result, stat, values=(ws.stat_values(a, stat), ws.stat_values(b, stat)))
     return View(divergence_heatmap(result, stat, provenance=ws.provenance([a, b]), matrix=matrix), matrix)
 

@@ -172,11 +172,13 @@ class Workspace:
         return pair_matrix(list(names) if names is not None else self.recorded,
                            lambda a, b: self.comparison(a, b, records=records))
 
-    def comparison(self, a: str, b: str, *, records: Callable[[str], RunRecords] | None = None) -> Comparison:
+    def comparison(self, a: str, b: str, *, records: Callable[[str], RunRecords] | None = None,
+                   cells: bool = False) -> Comparison:
         """``analysis.compare`` of two runs; cached. Two stores that read statistics apart (schema 3, whose records
         are not held) are compared from their folds (``analysis.compare.compare_runs``), their fingerprints read
-        whole only for ``Comparison.equal``; others from their records: ``records``, where to get them (default
-        ``self.records``)."""
+        whole only for ``Comparison.equal``, unless the caller says it reads ``equal`` (``cells``: a heatmap),
+        which the fingerprints read whole give sooner; others from their records: ``records``, where to get them
+        (default ``self.records``)."""
         get = records or self.records
 
         def compute() -> Comparison:
@@ -184,7 +186,8 @@ class Workspace:
                 raise RunNotFoundError(f"no run {a if a not in self.runs else b!r} here; the runs are "
                                        f"{', '.join(self.runs)}")
             runs = self.runs[a], self.runs[b]
-            folded = compare_runs(*runs) if all(r.has_sites and r.reads_statistics_apart for r in runs) else None
+            folded = (compare_runs(*runs) if not cells and all(r.has_sites and r.reads_statistics_apart for r in runs)
+                      else None)
             return folded if folded is not None else compare(get(a), get(b))
 
         return self._cached(self._comparisons, (a, b), compute)

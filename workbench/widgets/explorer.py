@@ -192,7 +192,7 @@ class DivergenceExplorer(WorkbenchWidget):
         assert self.workspace is not None
         start = time.perf_counter()
         try:
-            result = self.workspace.comparison(self.reference.value, self.other.value)
+            result = self.workspace.comparison(self.reference.value, self.other.value, cells=True)
         except WorkbenchError as err:
             self.status.value = f"<b>cannot compare</b>: {err}"
             return
