@@ -145,3 +145,6 @@ def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fi
     assert matrix.first_step.loc["b", "c"] == 70
     assert ws.comparison("a", "b").equal.equals(compare(records(open_run(tmp_path / "a")),
                                                         records(open_run(tmp_path / "b"))).equal)
+    fresh = Workspace.open(tmp_path)
+    assert fresh.comparison("a", "c", cells=True).equal.equals(ws.comparison("a", "c").equal)
+    assert sorted(reads) == ["a", "c"]  # a heatmap's comparison: both runs' fingerprints read whole at once
