@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.stores import write_synthetic_run
+from tests.helpers.timing import FolderTimes
 from tests.helpers.training import train_user_loop
 
 TESTS = Path(__file__).parent
@@ -46,6 +47,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if training:
             item.add_marker(pytest.mark.training)
+
+
+_TIMES = FolderTimes()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMES.add(report.nodeid, report.when, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Each folder's seconds at the end of the session (``tests/helpers/timing.py``); ``make test`` collects them
+    across its sessions and prints them beside their budgets (``tests/budget.py``)."""
+    if hasattr(config, "workerinput"):
+        return
+    workers = config.getoption("numprocesses", None)
+    workers = workers if isinstance(workers, int) and workers > 0 else 1
+    for line in _TIMES.lines(workers):
+        terminalreporter.write_line(line)
+    if os.environ.get("WORKBENCH_TEST_TIMES"):
+        _TIMES.save(os.environ["WORKBENCH_TEST_TIMES"], workers, os.environ.get("WORKBENCH_TEST_PHASE", "pytest"))
 
 
 @pytest.fixture
