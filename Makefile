@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (both idempotent):
 #   make demo   set up .venv-current and run the demo study on CPU (run stores under data/runs/demo)
-#   make test   set up both environments and run the whole suite in one, the training tests in the other
+#   make test   set up both environments and run the whole suite in one, what can change with the
+#               megatron-core release in the other; print each phase's and folder's time beside its budget
 #
 # Two environments, each pinned exactly by its constraints file (the library itself declares ranges):
 #   .venv-current  Python 3.12, torch 2.13.0 (the registry's CUDA build; runs on the CPU), megatron-core 0.19.2:
@@ -30,8 +31,12 @@ RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_co
 PYTEST := python -m pytest -q -p no:cacheprovider
 SINGLE_PROCESS_TESTS := tests/unit tests/property
 MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser
+# Each pytest session appends its phase's wall time and each folder's seconds here; `make test` prints them
+# beside their budgets at the end (tests/budget.py).
+TIMES := build/test-times.jsonl
+timed = WORKBENCH_TEST_TIMES=$(CURDIR)/$(TIMES) WORKBENCH_TEST_PHASE="$(1)"
 
-.PHONY: setup demo test test-current test-floor test-range lint bench clean chromium
+.PHONY: setup demo test times test-current test-floor test-range lint bench clean chromium
 
 setup: $(CURRENT)/.installed $(FLOOR)/.installed $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v)) chromium
 
@@ -57,21 +62,31 @@ $(CURRENT)/megatron-%: | $(CURRENT)/.installed
 demo: $(CURRENT)/.installed chromium
 	$(CURRENT)/bin/workbench demo --out data/runs/demo
 
-test: test-current test-floor test-range
+test: times test-current test-floor test-range
+	@$(CURRENT)/bin/python tests/budget.py $(TIMES)
 
-# The unit and property tests run one process per core (pytest-xdist); the tests that train multi-process
-# Megatron runs, execute notebooks or drive a browser run one at a time (each already keeps every core busy).
+times:
+	@mkdir -p build && rm -f $(TIMES)
+
+# The unit and property tests run one process per core (pytest-xdist). The multi-process tests run two at a
+# time (most train on two ranks), each module on one worker with the modules that share its trained runs
+# (`--dist loadgroup`, the groups tests/conftest.py gives).
 test-current: $(CURRENT)/.installed chromium
-	$(CURRENT)/bin/$(PYTEST) -n auto $(SINGLE_PROCESS_TESTS) --durations=5
-	$(CURRENT)/bin/$(PYTEST) $(MULTI_PROCESS_TESTS) --durations=10
+	$(call timed,current: unit and property) $(CURRENT)/bin/$(PYTEST) -n auto $(SINGLE_PROCESS_TESTS) --durations=5
+	$(call timed,current: multi-process) $(CURRENT)/bin/$(PYTEST) -n 2 --dist loadgroup \
+	  $(MULTI_PROCESS_TESTS) --durations=10
 
+# The floor (megatron-core 0.16.1, Python 3.11) runs what can change with the release (`-m releases`).
 test-floor: $(FLOOR)/.installed
-	$(FLOOR)/bin/$(PYTEST) -n auto -m training $(SINGLE_PROCESS_TESTS) --durations=5
-	$(FLOOR)/bin/$(PYTEST) -m training $(MULTI_PROCESS_TESTS) --durations=5
+	$(call timed,floor: unit and property) $(FLOOR)/bin/$(PYTEST) -n auto -m releases $(SINGLE_PROCESS_TESTS) \
+	  --durations=5
+	$(call timed,floor: multi-process) $(FLOOR)/bin/$(PYTEST) -n 2 --dist loadgroup -m releases \
+	  $(MULTI_PROCESS_TESTS) --durations=5
 
 test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))
 	@for v in $(MEGATRON_OVERLAYS); do echo "megatron-core $$v over $(CURRENT):"; \
-	  PYTHONPATH=$(CURDIR)/$(CURRENT)/megatron-$$v WORKBENCH_OVERLAY=$$v $(CURRENT)/bin/$(PYTEST) $(RANGE_TESTS) || exit 1; done
+	  $(call timed,megatron-core $$v) PYTHONPATH=$(CURDIR)/$(CURRENT)/megatron-$$v WORKBENCH_OVERLAY=$$v \
+	  $(CURRENT)/bin/$(PYTEST) $(RANGE_TESTS) || exit 1; done
 
 lint: $(FLOOR)/.installed
 	$(FLOOR)/bin/ruff check workbench tests benchmarks data

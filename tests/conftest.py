@@ -14,39 +14,75 @@ from tests.helpers.timing import FolderTimes
 from tests.helpers.training import train_user_loop
 
 TESTS = Path(__file__).parent
-TRAINS = re.compile(r"^\s*(import|from) (torch|megatron)\b|importorskip\([\"'](torch|megatron)|workbench\.runner|"
-                    r"\blaunch\(|train_user_loop|\buser_runs\b", re.MULTILINE)
-"""What makes a test module a ``training`` one: it imports torch or Megatron Core, or trains."""
+IMPORTS_MEGATRON = re.compile(r"^\s*(import|from) megatron\b|importorskip\([\"']megatron|cpu_compat|"
+                              r"workbench\.megatron_lm", re.MULTILINE)
+"""What makes a unit or property module a ``releases`` one: it imports Megatron Core or the workbench's layer
+over it."""
 
+RELEASES = (
+    "integration/test_user_loop.py",  # a user's loop at TP=2 and PP=2 (1F1B), recorded with record(...)
+    "integration/test_recorder_api.py",  # the recorder's hooks on Megatron's modules
+    "integration/test_megatron_pretrain.py",  # Megatron-LM's pretrain() (0.17+), each release's signature
+    "integration/test_megatron_dumps.py",  # Megatron-LM's own dump functions (0.17+)
+    "integration/test_hybrid_model.py",  # HybridModel (0.18+)
+    "integration/test_resume.py",  # the runner's and dist_checkpointing's checkpoints, across layouts
+    "integration/test_parallel_dimensions.py::test_the_virtual_pipeline_reorders_the_schedule_only",
+    "integration/test_parallel_dimensions.py::test_an_expert_parallel_run_resumes_bitwise",  # MoE, EP
+    "integration/test_precision_and_learning.py::test_fp16_uses_dynamic_loss_scaling",  # Megatron's grad scaler
+)
+"""The multi-process tests whose outcome can change with the megatron-core release: its schedules, checkpoint
+formats, model classes, entry points and the CUDA-only call sites the CPU layer maps (docs/megatron-versions.md).
+With the unit modules that import Megatron Core, they are marked ``releases``: what the floor environment
+(megatron-core 0.16.1) runs. Everything else runs once, in the current environment."""
 
 INTEGRATION = {"integration", "notebooks", "browser"}
 """The folders whose tests launch real multi-process Megatron Core runs (the notebook and browser tests train
 the mini demo): marked ``integration``, so that ``-m "not integration"`` leaves them out."""
 
+TRAINED_ONCE = ("runs", "mini_demo", "user_runs")
+"""Session fixtures that train runs for many modules. Under ``pytest -n 2 --dist loadgroup`` every module is one
+``xdist_group``, and modules that share one of these are one group: each worker trains its own copy of a session
+fixture, so the runs are trained once only if one worker runs every test that asks for them."""
 
-RUNS_AS_MATERIAL = {"test_analysis.py", "test_cli.py", "test_live_reference.py", "test_report.py"}
-"""Integration modules that train runs only as material for the workbench's own analysis, verbs, report and
-live reference: what they ask of Megatron Core (the runner at TP/PP, the user loop) the other modules ask too,
-so they are not ``training`` and the floor environment leaves them out."""
+
+def _groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Module -> the name of its ``xdist_group``: modules joined through the ``TRAINED_ONCE`` fixtures they use."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        for fixture in TRAINED_ONCE:
+            if fixture in getattr(item, "fixturenames", ()):
+                parent[find(module)] = find(f"fixture:{fixture}")
+    return {module: find(module) for module in {item.nodeid.split("::", 1)[0] for item in items}}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``integration`` every test in ``INTEGRATION``'s folders, and ``training`` every test that imports
-    torch or megatron or trains a run: ``make test`` runs the whole suite in one environment and ``-m training``
-    in the other. The notebook and browser tests, and the integration modules in ``RUNS_AS_MATERIAL``, are not
-    ``training``: they train runs only to have runs to show or analyse."""
+    """Mark ``integration`` every test in ``INTEGRATION``'s folders, and ``releases`` the tests whose outcome can
+    change with the megatron-core release (``RELEASES``, and the unit and property modules that import Megatron
+    Core): ``make test`` runs the whole suite in the current environment and ``-m releases`` in the floor one.
+    Every test also gets the ``xdist_group`` of its module (``TRAINED_ONCE``)."""
     verdicts: dict[Path, tuple[bool, bool]] = {}
+    groups = _groups(items)
     for item in items:
         path = Path(str(item.path))
         if path not in verdicts:
             part = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
-            verdicts[path] = (part in INTEGRATION, (part == "integration" and path.name not in RUNS_AS_MATERIAL) or (
-                part in ("unit", "property") and TRAINS.search(path.read_text()) is not None))
-        integration, training = verdicts[path]
+            verdicts[path] = (part in INTEGRATION, part in ("unit", "property")
+                              and IMPORTS_MEGATRON.search(path.read_text()) is not None)
+        integration, releases = verdicts[path]
+        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
+        test = f"{name}::{item.name.split('[', 1)[0]}"
         if integration:
             item.add_marker(pytest.mark.integration)
-        if training:
-            item.add_marker(pytest.mark.training)
+        if releases or name in RELEASES or test in RELEASES:
+            item.add_marker(pytest.mark.releases)
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::", 1)[0]]))
 
 
 _TIMES = FolderTimes()
