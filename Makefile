@@ -70,17 +70,18 @@ times:
 
 # The unit and property tests run one process per core (pytest-xdist). The multi-process tests run two at a
 # time (most train on two ranks), each module on one worker with the modules that share its trained runs
-# (`--dist loadgroup`, the groups tests/conftest.py gives).
+# (`--dist loadscope`, the groups tests/conftest.py gives), one thread per rank: the tiny models gain nothing
+# from a second thread, and two workers' ranks already fill the cores.
 test-current: $(CURRENT)/.installed chromium
 	$(call timed,current: unit and property) $(CURRENT)/bin/$(PYTEST) -n auto $(SINGLE_PROCESS_TESTS) --durations=5
-	$(call timed,current: multi-process) $(CURRENT)/bin/$(PYTEST) -n 2 --dist loadgroup \
+	$(call timed,current: multi-process) OMP_NUM_THREADS=1 $(CURRENT)/bin/$(PYTEST) -n 2 --dist loadscope \
 	  $(MULTI_PROCESS_TESTS) --durations=10
 
 # The floor (megatron-core 0.16.1, Python 3.11) runs what can change with the release (`-m releases`).
 test-floor: $(FLOOR)/.installed
 	$(call timed,floor: unit and property) $(FLOOR)/bin/$(PYTEST) -n auto -m releases $(SINGLE_PROCESS_TESTS) \
 	  --durations=5
-	$(call timed,floor: multi-process) $(FLOOR)/bin/$(PYTEST) -n 2 --dist loadgroup -m releases \
+	$(call timed,floor: multi-process) OMP_NUM_THREADS=1 $(FLOOR)/bin/$(PYTEST) -n 2 --dist loadscope -m releases \
 	  $(MULTI_PROCESS_TESTS) --durations=5
 
 test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))

@@ -39,14 +39,14 @@ INTEGRATION = {"integration", "notebooks", "browser"}
 """The folders whose tests launch real multi-process Megatron Core runs (the notebook and browser tests train
 the mini demo): marked ``integration``, so that ``-m "not integration"`` leaves them out."""
 
-TRAINED_ONCE = ("runs", "mini_demo", "user_runs")
-"""Session fixtures that train runs for many modules. Under ``pytest -n 2 --dist loadgroup`` every module is one
-``xdist_group``, and modules that share one of these are one group: each worker trains its own copy of a session
-fixture, so the runs are trained once only if one worker runs every test that asks for them."""
+TRAINED_ONCE = re.compile(r"\b(runs: Runs|mini_demo: Path|user_runs: Path)\b")
+"""A test or fixture that asks for one of the session fixtures that train runs for many modules."""
 
 
-def _groups(items: list[pytest.Item]) -> dict[str, str]:
-    """Module -> the name of its ``xdist_group``: modules joined through the ``TRAINED_ONCE`` fixtures they use."""
+def trained_once_groups(root: Path = TESTS) -> dict[str, str]:
+    """Test module (``tests/...py``) -> its group: modules that ask for the same ``TRAINED_ONCE`` fixture are one
+    group, joined through every module that asks for two. Each pytest-xdist worker trains its own copy of a
+    session fixture, so its runs are trained once only if one worker runs every test that asks for them."""
     parent: dict[str, str] = {}
 
     def find(key: str) -> str:
@@ -54,21 +54,34 @@ def _groups(items: list[pytest.Item]) -> dict[str, str]:
             key = parent[key]
         return key
 
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        for fixture in TRAINED_ONCE:
-            if fixture in getattr(item, "fixturenames", ()):
-                parent[find(module)] = find(f"fixture:{fixture}")
-    return {module: find(module) for module in {item.nodeid.split("::", 1)[0] for item in items}}
+    modules = {f"tests/{path.relative_to(root).as_posix()}": path for path in sorted(root.rglob("test_*.py"))}
+    for module, path in modules.items():
+        for fixture in set(TRAINED_ONCE.findall(path.read_text())):
+            parent[find(module)] = find(fixture.split(":")[0])
+    return {module: find(module) for module in modules}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadscope``: each test module on one worker, with the modules that share its trained runs."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = trained_once_groups()
+
+    class TrainedOnceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return groups.get(module, module)
+
+    return TrainedOnceScheduling(config, log)  # type: ignore[arg-type]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test in ``INTEGRATION``'s folders, and ``releases`` the tests whose outcome can
     change with the megatron-core release (``RELEASES``, and the unit and property modules that import Megatron
-    Core): ``make test`` runs the whole suite in the current environment and ``-m releases`` in the floor one.
-    Every test also gets the ``xdist_group`` of its module (``TRAINED_ONCE``)."""
+    Core): ``make test`` runs the whole suite in the current environment and ``-m releases`` in the floor one."""
     verdicts: dict[Path, tuple[bool, bool]] = {}
-    groups = _groups(items)
     for item in items:
         path = Path(str(item.path))
         if path not in verdicts:
@@ -82,7 +95,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if releases or name in RELEASES or test in RELEASES:
             item.add_marker(pytest.mark.releases)
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::", 1)[0]]))
 
 
 _TIMES = FolderTimes()

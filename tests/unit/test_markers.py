@@ -1,11 +1,13 @@
 """The markers ``tests/conftest.py`` sets: ``integration`` by folder, ``releases`` by what a test can show about a
-megatron-core release, and one ``xdist_group`` per module, joined through the session fixtures that train."""
+megatron-core release; and the groups of modules that pytest-xdist keeps on one worker."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import TESTS, pytest_collection_modifyitems
+from tests.conftest import TESTS, pytest_collection_modifyitems, trained_once_groups
 
 
 class Item:
@@ -20,10 +22,7 @@ class Item:
         self.markers.append(marker)
 
     def names(self) -> list[str]:
-        return [m.name for m in self.markers if m.name != "xdist_group"]
-
-    def group(self) -> str:
-        return next(m.args[0] for m in self.markers if m.name == "xdist_group")
+        return [m.name for m in self.markers]
 
 
 @pytest.mark.parametrize("module, name, expected", [
@@ -44,11 +43,23 @@ def test_each_test_gets_the_markers_of_its_folder_and_release(module: str, name:
     assert item.names() == expected
 
 
-def test_modules_that_share_a_trained_session_fixture_are_one_group() -> None:
-    items = [Item("integration/test_a.py", fixturenames=("runs",)), Item("integration/test_b.py", "t", ("runs",)),
-             Item("notebooks/test_c.py", "t1", ("mini_demo",)), Item("notebooks/test_c.py", "t2", ("user_runs",)),
-             Item("integration/test_d.py", "t", ("user_runs", "tmp_path")), Item("integration/test_e.py")]
-    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
-    a, b, c1, c2, d, e = (item.group() for item in items)
-    assert a == b and c1 == c2 == d  # mini_demo and user_runs joined through notebooks/test_c.py
-    assert len({a, c1, e}) == 3 and e == "tests/integration/test_e.py"
+def test_modules_that_share_a_trained_session_fixture_are_one_group(tmp_path: Path) -> None:
+    modules = {"integration/test_a.py": "def test_x(runs: Runs) -> None: ...",
+               "integration/test_b.py": "def test_y(tmp_path: Path, runs: Runs) -> None: ...",
+               "notebooks/test_c.py": "def test_z(mini_demo: Path) -> None: ...\ndef test_w(user_runs: Path): ...",
+               "browser/test_d.py": "@pytest.fixture\ndef server(mini_demo: Path): ...",  # through a fixture
+               "integration/test_e.py": "def test_v(tmp_path: Path) -> None:  # the runs it trains itself\n"}
+    for module, text in modules.items():
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(text)
+    groups = trained_once_groups(tmp_path)
+    a, b, c, d, e = (groups[f"tests/{module}"] for module in modules)
+    assert a == b and c == d  # mini_demo's and user_runs' modules joined through notebooks/test_c.py
+    assert len({a, c, e}) == 3 and e == "tests/integration/test_e.py"
+
+
+def test_the_suites_groups_keep_each_trained_fixture_on_one_worker() -> None:
+    groups = trained_once_groups()
+    assert groups["tests/integration/test_analysis.py"] == groups["tests/integration/test_resume.py"]  # runs
+    assert groups["tests/browser/test_notebooks_in_jupyterlab.py"] == groups["tests/integration/test_user_loop.py"]
+    assert groups["tests/integration/test_failures.py"] == "tests/integration/test_failures.py"
