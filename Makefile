@@ -69,9 +69,9 @@ times:
 	@mkdir -p build && rm -f $(TIMES)
 
 # The unit and property tests run one process per core (pytest-xdist). The multi-process tests run two at a
-# time (most train on two ranks), each module on one worker with the modules that share its trained runs
-# (`--dist loadscope`, the groups tests/conftest.py gives), one thread per rank: the tiny models gain nothing
-# from a second thread, and two workers' ranks already fill the cores.
+# time (most train on two ranks), each module on one worker (`--dist loadscope`), one thread per rank: the tiny
+# models gain nothing from a second thread, and two workers' ranks already fill the cores. The runs that modules
+# share (`runs`, `mini_demo`, `user_runs`) are trained once, by the first worker to ask (tests/helpers/training.py).
 test-current: $(CURRENT)/.installed chromium
 	$(call timed,current: unit and property) $(CURRENT)/bin/$(PYTEST) -n auto $(SINGLE_PROCESS_TESTS) --durations=5
 	$(call timed,current: multi-process) OMP_NUM_THREADS=1 $(CURRENT)/bin/$(PYTEST) -n 2 --dist loadscope \
@@ -87,7 +87,7 @@ test-floor: $(FLOOR)/.installed
 test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))
 	@for v in $(MEGATRON_OVERLAYS); do echo "megatron-core $$v over $(CURRENT):"; \
 	  $(call timed,megatron-core $$v) PYTHONPATH=$(CURDIR)/$(CURRENT)/megatron-$$v WORKBENCH_OVERLAY=$$v \
-	  $(CURRENT)/bin/$(PYTEST) $(RANGE_TESTS) || exit 1; done
+	  OMP_NUM_THREADS=1 $(CURRENT)/bin/$(PYTEST) -n 2 --dist loadscope $(RANGE_TESTS) || exit 1; done
 
 lint: $(FLOOR)/.installed
 	$(FLOOR)/bin/ruff check workbench tests benchmarks data

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.stores import write_synthetic_run
 from tests.helpers.timing import FolderTimes
-from tests.helpers.training import train_user_loop
+from tests.helpers.training import held, made_once, shared_dir, train_user_loop
 
 TESTS = Path(__file__).parent
 IMPORTS_MEGATRON = re.compile(r"^\s*(import|from) megatron\b|importorskip\([\"']megatron|cpu_compat|"
@@ -38,44 +38,6 @@ With the unit modules that import Megatron Core, they are marked ``releases``: w
 INTEGRATION = {"integration", "notebooks", "browser"}
 """The folders whose tests launch real multi-process Megatron Core runs (the notebook and browser tests train
 the mini demo): marked ``integration``, so that ``-m "not integration"`` leaves them out."""
-
-TRAINED_ONCE = re.compile(r"\b(runs: Runs|mini_demo: Path|user_runs: Path)\b")
-"""A test or fixture that asks for one of the session fixtures that train runs for many modules."""
-
-
-def trained_once_groups(root: Path = TESTS) -> dict[str, str]:
-    """Test module (``tests/...py``) -> its group: modules that ask for the same ``TRAINED_ONCE`` fixture are one
-    group, joined through every module that asks for two. Each pytest-xdist worker trains its own copy of a
-    session fixture, so its runs are trained once only if one worker runs every test that asks for them."""
-    parent: dict[str, str] = {}
-
-    def find(key: str) -> str:
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
-    modules = {f"tests/{path.relative_to(root).as_posix()}": path for path in sorted(root.rglob("test_*.py"))}
-    for module, path in modules.items():
-        for fixture in set(TRAINED_ONCE.findall(path.read_text())):
-            parent[find(module)] = find(fixture.split(":")[0])
-    return {module: find(module) for module in modules}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadscope``: each test module on one worker, with the modules that share its trained runs."""
-    if config.getoption("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    groups = trained_once_groups()
-
-    class TrainedOnceScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return groups.get(module, module)
-
-    return TrainedOnceScheduling(config, log)  # type: ignore[arg-type]
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test in ``INTEGRATION``'s folders, and ``releases`` the tests whose outcome can
@@ -129,24 +91,30 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(scope="session")
 def mini_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo study in miniature (``tests/mini_demo.toml``), trained once per session for the
-    notebook, report and browser tests. ``WORKBENCH_MINI_DEMO=DIR`` keeps them in DIR across
+    """The demo study in miniature (``tests/mini_demo.toml``), trained once per session, by whichever worker asks
+    first, for the notebook, report and browser tests. ``WORKBENCH_MINI_DEMO=DIR`` keeps them in DIR across
     sessions (complete runs are not trained again)."""
     from workbench.studies.study import load_study, run_study
 
+    study = load_study(Path(__file__).parent / "mini_demo.toml")
     kept = os.environ.get("WORKBENCH_MINI_DEMO")
-    out = Path(kept) if kept else tmp_path_factory.mktemp("mini-demo")
-    run_study(load_study(Path(__file__).parent / "mini_demo.toml"), out, lambda *args: None)
-    return out
+    if kept:
+        with held(Path(kept).parent / f"{Path(kept).name}.lock"):
+            run_study(study, Path(kept), lambda *args: None)
+        return Path(kept)
+    return made_once(shared_dir(tmp_path_factory) / "mini-demo", lambda out: run_study(study, out, lambda *args: None))
 
 
 @pytest.fixture(scope="session")
 def user_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder of four runs of the user loop: TP=2 twice (once without its validation loss), TP=2 with one
-    flipped bit at step 2, PP=2."""
-    root = tmp_path_factory.mktemp("user-runs")
-    train_user_loop(root / "tp2", "--tp", "2")
-    train_user_loop(root / "tp2-again", "--tp", "2", "--eval-every", "0")
-    train_user_loop(root / "tp2-flip", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
-    train_user_loop(root / "pp2", "--pp", "2")
-    return root
+    flipped bit at step 2, PP=2; trained once per session, by whichever worker asks first."""
+
+    def train(root: Path) -> None:
+        root.mkdir(parents=True)
+        train_user_loop(root / "tp2", "--tp", "2")
+        train_user_loop(root / "tp2-again", "--tp", "2", "--eval-every", "0")
+        train_user_loop(root / "tp2-flip", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
+        train_user_loop(root / "pp2", "--pp", "2")
+
+    return made_once(shared_dir(tmp_path_factory) / "user-runs", train)

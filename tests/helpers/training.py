@@ -3,10 +3,18 @@ trained at, and a researcher's own loop (``tests/integration/user_loop.py``) run
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from workbench.config import RunConfig
 
@@ -36,20 +44,61 @@ NAMED: dict[str, dict[str, Any]] = {
 }
 
 
+def shared_dir(factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the workers' temporary folders share a parent),
+    so that what one worker trains the others reuse; without xdist, the session's own temporary folder."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def held(lock: Path, deadline_s: float = 1800.0) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` across processes, polling for it for up to ``deadline_s``."""
+    with open(lock, "a") as handle:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > deadline_s:
+                    raise TimeoutError(f"{lock} still held by another worker after {deadline_s:.0f} s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def made_once(folder: Path, make: Callable[[Path], object]) -> Path:
+    """``folder``, made by ``make(folder)`` unless a process of this session (another pytest-xdist worker, or
+    this one) has made it already: the first to ask makes it while the others wait. A failed make leaves
+    nothing behind, so the next request makes it again (and fails as loudly)."""
+    done = folder.parent / f"{folder.name}.made"
+    with held(folder.parent / f"{folder.name}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                make(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
+
+
 class Runs:
-    """Trains each named config once per session (with its ``NAMED`` overrides); later requests reuse
-    the run folder."""
+    """Trains each named config once per session (with its ``NAMED`` overrides), whichever pytest-xdist worker
+    asks first; later requests, from any worker, reuse the run folder."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[str, Path] = {}
 
     def get(self, name: str, **overrides: Any) -> Path:
         from workbench.runner.launch import launch
 
-        if name not in self._done:
-            self._done[name] = launch(tiny_config(name, **{**NAMED.get(name, {}), **overrides}), self.root / name)
-        return self._done[name]
+        config = tiny_config(name, **{**NAMED.get(name, {}), **overrides})
+        return made_once(self.root / name, lambda folder: launch(config, folder))
 
 
 LAYOUTS = {

@@ -1,13 +1,11 @@
 """The markers ``tests/conftest.py`` sets: ``integration`` by folder, ``releases`` by what a test can show about a
-megatron-core release; and the groups of modules that pytest-xdist keeps on one worker."""
+megatron-core release."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import TESTS, pytest_collection_modifyitems, trained_once_groups
+from tests.conftest import TESTS, pytest_collection_modifyitems
 
 
 class Item:
@@ -41,25 +39,3 @@ def test_each_test_gets_the_markers_of_its_folder_and_release(module: str, name:
     item = Item(module, name)
     pytest_collection_modifyitems([item])  # type: ignore[list-item]
     assert item.names() == expected
-
-
-def test_modules_that_share_a_trained_session_fixture_are_one_group(tmp_path: Path) -> None:
-    modules = {"integration/test_a.py": "def test_x(runs: Runs) -> None: ...",
-               "integration/test_b.py": "def test_y(tmp_path: Path, runs: Runs) -> None: ...",
-               "notebooks/test_c.py": "def test_z(mini_demo: Path) -> None: ...\ndef test_w(user_runs: Path): ...",
-               "browser/test_d.py": "@pytest.fixture\ndef server(mini_demo: Path): ...",  # through a fixture
-               "integration/test_e.py": "def test_v(tmp_path: Path) -> None:  # the runs it trains itself\n"}
-    for module, text in modules.items():
-        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / module).write_text(text)
-    groups = trained_once_groups(tmp_path)
-    a, b, c, d, e = (groups[f"tests/{module}"] for module in modules)
-    assert a == b and c == d  # mini_demo's and user_runs' modules joined through notebooks/test_c.py
-    assert len({a, c, e}) == 3 and e == "tests/integration/test_e.py"
-
-
-def test_the_suites_groups_keep_each_trained_fixture_on_one_worker() -> None:
-    groups = trained_once_groups()
-    assert groups["tests/integration/test_analysis.py"] == groups["tests/integration/test_resume.py"]  # runs
-    assert groups["tests/browser/test_notebooks_in_jupyterlab.py"] == groups["tests/integration/test_user_loop.py"]
-    assert groups["tests/integration/test_failures.py"] == "tests/integration/test_failures.py"

@@ -18,7 +18,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -368,6 +367,7 @@ class Run:
                                      np.array(self._site_names(group), dtype=object))
 
     def _lazy_statistics(self, group: zarr.Group, n: int, steps: np.ndarray, sites: np.ndarray) -> xr.DataArray:
+        import dask.array as da  # here, not at the top: every rank process imports this module to write its run
         source = layout.array(group, layout.STATS_ARRAY)
         layout.require_rows(source, 0, n)
         # Dask reads chunk by chunk through a guard that names this store when a chunk is damaged; the
