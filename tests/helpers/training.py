@@ -75,6 +75,7 @@ def made_once(folder: Path, make: Callable[[Path], object]) -> Path:
     this one) has made it already: the first to ask makes it while the others wait. A failed make leaves
     nothing behind, so the next request makes it again (and fails as loudly)."""
     done = folder.parent / f"{folder.name}.made"
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with held(folder.parent / f"{folder.name}.lock"):
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)

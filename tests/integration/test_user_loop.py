@@ -104,3 +104,31 @@ def test_the_readme_snippet_is_the_tested_loop() -> None:
         assert line in loop[position:], f"README line not in the tested loop (in order): {line}"
         position = loop.index(line, position) + 1
     json.dumps(snippet.group(1))  # the snippet is text, not a template
+
+
+def test_the_distributed_optimizer_is_refused_at_record_in_one_line(tmp_path: Path) -> None:
+    result = train_user_loop(tmp_path / "zero1", "--ddp", "use_distributed_optimizer", ok=False)
+    refusals = [line.split("ArgumentError: ", 1)[1] for line in result.stderr.splitlines()
+                if "workbench.errors.ArgumentError: " in line]
+    assert result.returncode != 0 and refusals, result.stderr[-3000:]  # torchrun stops the other rank at the first
+    assert refusals[0].startswith("record() cannot yet record Megatron's distributed optimizer "
+                                  "(use_distributed_optimizer): ") and refusals[0].endswith("nothing was written")
+    assert not (tmp_path / "zero1").exists()  # refused before anything was written
+
+
+def test_overlapped_reduction_records_the_same_numbers_and_names_grad_local_missing(tmp_path: Path) -> None:
+    kinds = "param,act,act_grad,grad_local,grad,loss,exp_avg,exp_avg_sq,update"
+    train_user_loop(tmp_path / "dp2", "--kinds", kinds, "--steps", "2", "--eval-every", "0")
+    train_user_loop(tmp_path / "dp2-overlap", "--kinds", kinds, "--steps", "2", "--eval-every", "0",
+                    "--ddp", "overlap_grad_reduce")
+    plain, overlapped = open_run(tmp_path / "dp2"), open_run(tmp_path / "dp2-overlap")
+    assert plain.manifest.layout.dp == 2 and overlapped.manifest.layout.dp == 2
+    # This loop calls finalize_model_grads itself, so neither run can read grad_local; the overlapped one names
+    # the reason that holds whatever the loop does.
+    assert "finalize_model_grads_func" in plain.attrs["kinds_missing"]["grad_local"]
+    missing = overlapped.attrs["kinds_missing"]
+    assert list(missing) == ["grad_local"] and missing["grad_local"].startswith("overlap_grad_reduce: ")
+    assert set(overlapped.site_table()["kind"]) == set(kinds.split(",")) - {"grad_local"}
+    recorded, expected = overlapped.fingerprints(), plain.fingerprints()
+    assert list(recorded.columns) == list(expected.columns) and len(recorded.columns) > 50
+    assert recorded.equals(expected)  # the gradients the optimizer reads, whether or not reduced in the backward

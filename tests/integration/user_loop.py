@@ -22,6 +22,9 @@ the values, which depend on the CPU); ``--raise-at STEP`` makes the loop fail th
 around the forward-backward, wgrads after the gradients' reduction, params after the optimizer step;
 megatron-core 0.17+); ``--micro-batches`` sets their number (a dump keeps the last one).
 
+``--ddp FIELD`` turns on a switch of Megatron DDP's ``DistributedDataParallelConfig`` (repeatable):
+``overlap_grad_reduce``, ``use_distributed_optimizer``. ``--kinds KIND,...`` records those site kinds.
+
 ``--against REF`` records with a live reference (``record(..., against=REF)``, flushing every
 ``--flush-every`` steps, ``--keep-going``); a ``RunDiverged`` ends the process with exit code 3 and the
 departure on stdout, on every rank.
@@ -30,6 +33,7 @@ departure on stdout, on every rank.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -42,6 +46,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from workbench.config import RecordConfig
 from workbench.errors import RunDiverged
 from workbench.recorder import record
 from workbench.runner import cpu_compat
@@ -67,6 +72,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--keep-going", action="store_true")
     parser.add_argument("--megatron-dumps", default=None, help="SAVE: Megatron-LM's tensor dumps, every step")
     parser.add_argument("--micro-batches", type=int, default=2)
+    parser.add_argument("--kinds", default=None, help="KIND,KIND,...: the site kinds to record, if not the default")
+    parser.add_argument("--ddp", action="append", default=[], metavar="FIELD",
+                        help="a DistributedDataParallelConfig switch to turn on (overlap_grad_reduce, ...)")
     return parser.parse_args()
 
 
@@ -137,7 +145,10 @@ record_with_optimizer = record
 
 
 def main() -> None:
+    global record
     args = parse()
+    if args.kinds:  # the README's record(...) line stays as it is; the kinds ride with the function
+        record = functools.partial(record, record=RecordConfig(kinds=tuple(args.kinds.split(","))))
     cpu_compat.install_if_needed()
     dist.init_process_group("gloo")
     parallel_state.initialize_model_parallel(args.tp, args.pp)
@@ -166,7 +177,8 @@ def main() -> None:
     else:
         lm = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
                       max_sequence_length=SEQ, **stages)
-    model = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=lm)
+    model = DistributedDataParallel(config=config, module=lm,
+                                    ddp_config=DistributedDataParallelConfig(**dict.fromkeys(args.ddp, True)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     forward_backward_func = get_forward_backward_func()
     position_ids = torch.arange(SEQ)[None].expand(MICRO_BATCH, SEQ)

@@ -62,3 +62,7 @@ def _wait_briefly(lock: str) -> None:
     with pytest.raises(TimeoutError, match="runs.lock still held"):
         with held(Path(lock), deadline_s=0.5):
             pass
+
+
+def test_the_folders_parent_is_made_for_its_lock(tmp_path: Path) -> None:
+    assert (made_once(tmp_path / "shared" / "runs" / "base", _make) / "made").read_text() == "done"

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.config import RecordConfig
+from workbench.errors import ArgumentError
 from workbench.recorder.activation_side import ActivationSide
 from workbench.recorder.hooks import Undo, hook_optimizer_step, wrap_finalize
 from workbench.recorder.live import LiveCheck
@@ -50,6 +51,7 @@ from workbench.recorder.slots import Slots, Stopwatch
 from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, parameter_targets
+from workbench.recorder.unrecordable import refusal, replicas, withheld
 from workbench.sites import SiteFilter, site_matcher
 from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
 
@@ -60,9 +62,12 @@ class Recorder:
                  global_batch_size: int | None = None, flush_every: int = 10,
                  sites: SiteFilter | None = None, live: LiveCheck | None = None) -> None:
         self.record = record or RecordConfig()
+        chunks = list(chunks)
+        why = refusal(chunks, optimizer)
+        if why is not None:
+            raise ArgumentError(why)
         self.live = live
         """Where each flush's reduced numbers are compared with a reference (``recorder.live``), if anywhere."""
-        chunks = list(chunks)
         self._optimizer = optimizer
         self._run_dir = Path(run_dir)
         self._site_writer: SiteWriter | None = None
@@ -70,7 +75,10 @@ class Recorder:
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._flush_every = flush_every
         wanted = site_matcher(sites if sites is not None else self.record.sites)
-        kinds = set(self.record.kinds)
+        dense, expert = replicas()
+        self._withheld = withheld(chunks, self.record.kinds, dp_size=dense, expert_dp_size=expert)
+        """Kinds asked for that this training would record wrong -> why (``recorder.unrecordable``)."""
+        kinds = set(self.record.kinds) - set(self._withheld)
         self._rows = {step: row for row, step in enumerate(self.record.recorded_steps(total_steps))}
         self._registry = SiteRegistry(wanted, ranks)
         self._slots = Slots(self._registry, precision=precision, fused=self.record.compile,
@@ -165,7 +173,7 @@ class Recorder:
     def _finish(self, step: int, state: StepState) -> None:
         if self._registry.sites is None:
             self._registry.build(self._run_dir, rank=self._rank, steps=sorted(self._rows), kinds=self.record.kinds,
-                                 optimizer_passed=self._optimizer is not None)
+                                 optimizer_passed=self._optimizer is not None, withheld=self._withheld)
         self._pending.append(state.pending(self._rows[step], self._device))
         if step in self.record.snapshot_steps:
             write_snapshots(self._run_dir, state.snapshots, rank=self._rank, submit=self._background().submit)

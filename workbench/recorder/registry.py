@@ -12,7 +12,7 @@ every recorded step must see the same sites. Global rank 0 writes the registry a
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,9 +70,10 @@ class SiteRegistry:
         return site
 
     def build(self, run_dir: Path, *, rank: int, steps: list[int], kinds: Iterable[str],
-              optimizer_passed: bool) -> None:
+              optimizer_passed: bool, withheld: Mapping[str, str] | None = None) -> None:
         """Gather every rank's sites into ``sites`` (collective) and, on global rank 0, write the store's
-        ``sites`` group for ``steps``; warn about (and note in the manifest) kinds no rank saw."""
+        ``sites`` group for ``steps``; warn about (and note in the manifest) kinds no rank saw: ``withheld``'s
+        with its reason (kinds the recorder does not record in this training), the others' likely one."""
         entries = [(site, s.kind, s.name, s.order, s.shape, s.dtype) for site, s in self._local.items()]
         best: dict[str, tuple[Any, ...]] = {}
         for entry in (e for rank_entries in all_gather_objects(entries) for e in rank_entries):
@@ -82,7 +83,9 @@ class SiteRegistry:
         self.sites = [e[0] for e in ordered]
         self.index = {site: i for i, site in enumerate(self.sites)}
         seen = {e[1] for e in ordered}
-        missing = {kind: _why_missing(kind, optimizer_passed) for kind in kinds if kind not in seen}
+        withheld = withheld or {}
+        missing = {kind: withheld.get(kind) or _why_missing(kind, optimizer_passed) for kind in kinds
+                   if kind not in seen}
         if missing and rank == 0:
             warnings.warn("the recorder was asked for site kinds it never saw in the first recorded step: "
                           + "; ".join(f"{kind}: {why}" for kind, why in missing.items()), stacklevel=2)

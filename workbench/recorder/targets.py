@@ -181,7 +181,7 @@ def adam_moments(optimizer: Any, targets: list[ParameterTarget]) -> list[tuple[P
         return [(by_name[name], m, v) for name, m, v in optimizer.moments() if name in by_name]
     masters: dict[int, torch.Tensor] = {}
     states: list[Any] = []
-    for part in _optimizers(optimizer):
+    for part in optimizers(optimizer):
         for model_group, master_group in zip(getattr(part, "float16_groups", []),
                                              getattr(part, "fp32_from_float16_groups", [])):
             masters.update({id(p): m for p, m in zip(model_group, master_group)})
@@ -195,10 +195,10 @@ def adam_moments(optimizer: Any, targets: list[ParameterTarget]) -> list[tuple[P
     return found
 
 
-def _optimizers(optimizer: Any) -> list[Any]:
+def optimizers(optimizer: Any) -> list[Any]:
     """The optimizers that hold state, under the runner's adapter and Megatron's ``ChainedOptimizer``."""
     optimizer = getattr(optimizer, "wrapped", optimizer)
     chained = getattr(optimizer, "chained_optimizers", None)
     if chained is not None:
-        return [part for inner in chained for part in _optimizers(inner)]
+        return [part for inner in chained for part in optimizers(inner)]
     return [optimizer]

@@ -1,0 +1,94 @@
+"""What the recorder cannot record right, said before anything is recorded: a configuration whose numbers it would
+get wrong is refused in one line at ``record(...)``; one where only some kinds would be wrong or missing records
+the rest and names those kinds in the manifest's ``kinds_missing``, with the reason. Never a wrong number, never a
+silent gap.
+
+Refused:
+
+* Megatron's distributed optimizer (``use_distributed_optimizer``, ZeRO-1): each DP rank reduces only its own
+  shard of the gradient buffer (reduce-scatter) and keeps the optimizer state of its shard only, so the recorder,
+  which reads each parameter's whole gradient and its state by model parameter, would record unreduced
+  gradients and no moments; under ``overlap_param_gather`` the parameters are gathered in the next forward,
+  after the recorder has read them.
+* Megatron FSDP and torch FSDP2 (``use_megatron_fsdp``, ``use_custom_fsdp``, ``use_torch_fsdp2``): the
+  parameters themselves are sharded.
+* CUDA graphs (``enable_cuda_graph``, ``external_cuda_graph``, ``cuda_graph_impl``): a captured layer replays
+  without its module hooks, so its activation sites would vanish.
+
+Named missing:
+
+* ``grad_local`` under ``overlap_grad_reduce`` with more than one data-parallel replica: the reductions start
+  during the backward pass, bucket by bucket, so at ``finalize_model_grads``, where ``grad_local`` is read, part
+  of the buffer is already reduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from workbench.recorder.targets import optimizers, unwrap
+
+RECORD_WITHOUT = "record with it off, or record a smaller run of the same model without it; nothing was written"
+
+
+def _classes(obj: Any) -> list[str]:
+    return [cls.__name__ for cls in type(obj).__mro__]
+
+
+def refusal(chunks: Sequence[Any], optimizer: Any = None) -> str | None:
+    """One line saying why the recorder cannot record this training right, or None if it can."""
+    for chunk in chunks:
+        if any("FullyShardedDataParallel" in name for name in _classes(chunk)):
+            return (f"record() cannot record a model wrapped in {type(chunk).__name__}: FSDP shards the parameters "
+                    f"and gradients themselves, and the recorder reads them whole; {RECORD_WITHOUT}")
+        ddp = getattr(chunk, "ddp_config", None)
+        if getattr(ddp, "use_megatron_fsdp", False) or getattr(ddp, "use_custom_fsdp", False):
+            return ("record() cannot record Megatron FSDP (use_megatron_fsdp): it shards the parameters and gradients "
+                    f"themselves, and the recorder reads them whole; {RECORD_WITHOUT}")
+        if getattr(ddp, "use_distributed_optimizer", False):
+            return _DISTRIBUTED_OPTIMIZER
+    for part in optimizers(optimizer) if optimizer is not None else []:
+        if "DistributedOptimizer" in _classes(part):
+            return _DISTRIBUTED_OPTIMIZER
+    config = getattr(unwrap(chunks[0]), "config", None) if chunks else None
+    if getattr(config, "use_torch_fsdp2", False):
+        return ("record() cannot record torch FSDP2 (use_torch_fsdp2): it shards the parameters and gradients "
+                f"themselves, and the recorder reads them whole; {RECORD_WITHOUT}")
+    graphs = [name for name in ("enable_cuda_graph", "external_cuda_graph") if getattr(config, name, False)]
+    impl = getattr(config, "cuda_graph_impl", "none")
+    if impl not in (None, "none"):
+        graphs.append(f"cuda_graph_impl={impl!r}")
+    if graphs:
+        return (f"record() cannot record CUDA-graphed layers ({', '.join(graphs)}): a captured layer replays without "
+                f"its module hooks, so its activation sites would vanish; {RECORD_WITHOUT}")
+    return None
+
+
+_DISTRIBUTED_OPTIMIZER = (
+    "record() cannot yet record Megatron's distributed optimizer (use_distributed_optimizer): each data-parallel "
+    "rank reduces only its own shard of the gradients and holds only that shard's optimizer state, so whole "
+    f"gradients and Adam moments would be recorded wrong; {RECORD_WITHOUT}")
+
+
+def withheld(chunks: Sequence[Any], kinds: Iterable[str], *, dp_size: int, expert_dp_size: int = 1) -> dict[str, str]:
+    """Kind -> why it is not recorded, for the kinds asked for that this training would record wrong.
+
+    ``dp_size``: the data-parallel replicas of the dense parameters (context parallel included);
+    ``expert_dp_size``: of the experts' parameters."""
+    overlapped = any(getattr(getattr(chunk, "ddp_config", None), "overlap_grad_reduce", False) for chunk in chunks)
+    if "grad_local" in kinds and overlapped and max(dp_size, expert_dp_size) > 1:
+        return {"grad_local": "overlap_grad_reduce: the data-parallel reductions start during the backward pass, "
+                              "so by finalize_model_grads, where grad_local is read, part of each gradient is "
+                              "already reduced; record without overlap_grad_reduce to have it"}
+    return {}
+
+
+def replicas() -> tuple[int, int]:
+    """(dense, expert) data-parallel sizes of this training, context parallel included; (1, 1) before
+    ``parallel_state`` is initialised."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 1, 1
+    return ps.get_data_parallel_world_size(with_context_parallel=True), ps.get_expert_data_parallel_world_size()
