@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers.training import LAYOUTS, Runs
 from workbench.analysis import compare, golden_check
@@ -49,11 +51,12 @@ def test_golden_check_within_tolerance_on_a_layout_change(runs: Runs) -> None:
     assert golden_check(dp, base, steps=1, rtol=1e-3).passed  # but within 1e-3 at step 0
 
 
-def test_study_summary_of_a_folder_of_real_runs(runs: Runs) -> None:
+def test_study_summary_of_a_folder_of_real_runs(runs: Runs, tmp_path: Path) -> None:
+    study = tmp_path / "study"  # a folder of its own: the shared runs folder holds other modules' runs too
     for name, overrides in (("base", {}), ("base-repeat", {}), ("nondet-a", {"deterministic": False}),
                             ("nondet-b", {"deterministic": False}), ("tp2", LAYOUTS["tp2"])):
-        runs.get(name, **overrides)
-    result = subprocess.run([sys.executable, "-m", "workbench.cli", "summary", str(runs.root)], capture_output=True,
+        shutil.copytree(runs.get(name, **overrides), study / name)
+    result = subprocess.run([sys.executable, "-m", "workbench.cli", "summary", str(study)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers.training import Runs
+from workbench.store.reader import open_run
 
 
 def workbench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -65,4 +66,23 @@ def test_run_refuses_to_overwrite(runs: Runs, tmp_path: Path) -> None:
                       "seq_length = 8\n")
     assert workbench("run", str(config), "--out", str(tmp_path)).returncode == 0
     again = workbench("run", str(config), "--out", str(tmp_path))
-    assert again.returncode == 1 and "already holds a run" in again.stderr
+    assert again.returncode == 2 and "already holds a run" in again.stderr  # bad input, not a failed run
+
+
+def test_two_runs_launched_together_into_one_folder_one_wins_and_the_other_exits_2(tmp_path: Path) -> None:
+    configs = []
+    for seed in (1, 2):  # one name, one --out: one run folder; the seeds tell the runs apart
+        configs.append(tmp_path / f"seed{seed}.toml")
+        configs[-1].write_text(f'name = "same"\nsteps = 1\nseed = {seed}\nglobal_batch_size = 2\n'
+                               'micro_batch_size = 2\n[model]\nnum_layers = 1\nhidden_size = 32\n'
+                               'num_attention_heads = 2\nvocab_size = 64\nseq_length = 8\n')
+    launches = [subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(config), "--out",
+                                  str(tmp_path / "runs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for config in configs]
+    results = [(launch.wait(timeout=600), launch.communicate()[1]) for launch in launches]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    winner = [seed for seed, (code, _) in zip((1, 2), results) if code == 0][0]
+    refused = [err for code, err in results if code == 2][0].strip().splitlines()[-1]
+    assert "is being written by workbench run" in refused or "already holds a run" in refused, refused
+    run = open_run(tmp_path / "runs" / "same")
+    assert run.status == "complete" and run.config.seed == winner  # the winner's run, whole

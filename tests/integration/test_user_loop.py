@@ -4,6 +4,7 @@ no workbench config, no workbench model; read back by every reader and verb."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from workbench.analysis.compare import compare
 from workbench.cli import main as cli
 from workbench.store.manifest import USER_LOOP
 from workbench.store.reader import list_runs, open_run
+from workbench.store.writer_lock import writing
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ALL_KINDS = {"param", "act", "act_grad", "grad", "loss", "exp_avg", "exp_avg_sq", "update"}
@@ -132,3 +134,12 @@ def test_overlapped_reduction_records_the_same_numbers_and_names_grad_local_miss
     recorded, expected = overlapped.fingerprints(), plain.fingerprints()
     assert list(recorded.columns) == list(expected.columns) and len(recorded.columns) > 50
     assert recorded.equals(expected)  # the gradients the optimizer reads, whether or not reduced in the backward
+
+
+def test_record_into_a_folder_another_process_writes_is_refused_on_every_rank(tmp_path: Path) -> None:
+    with writing(tmp_path / "busy", writer="workbench run"):
+        result = train_user_loop(tmp_path / "busy", "--steps", "1", ok=False)
+    refusals = [line.split("RunFolderBusy: ", 1)[1] for line in result.stderr.splitlines() if "RunFolderBusy: " in line]
+    assert result.returncode != 0 and refusals, result.stderr[-3000:]
+    assert f"is being written by workbench run (pid {os.getpid()} on " in refusals[0]
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["writer.lock"]  # nothing written

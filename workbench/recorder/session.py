@@ -69,6 +69,7 @@ from workbench.store.manifest import (
     store_attributes,
 )
 from workbench.store.writer import ScalarWriter, create_store, set_status, update_manifest
+from workbench.store.writer_lock import RunFolderBusy, WriterLock, acquire
 from workbench.versions import check_megatron_core
 
 LOGGED = ("loss", "grad_norm", "lr", "loss_scale", "tokens", "skipped", "val_loss")
@@ -200,12 +201,16 @@ class TrainingRun:
                                                     settings=environment.megatron_settings(config))
                                 if self._rank == 0 else {})}
             self._scalars: ScalarWriter | None = None
+            self._lock = self._writer_lock(producer)
             if self._rank == 0:
                 self._create_store(user_config)
             if dist.is_initialized():
                 dist.barrier()  # the store exists before any rank records into it
         except BaseException:
             self.recorder.close(flush=False)
+            lock: WriterLock | None = getattr(self, "_lock", None)
+            if lock is not None:
+                lock.release()
             raise
         self._logged: dict[int, dict[str, float]] = {}
         self._current: dict[str, float] | None = None
@@ -215,6 +220,23 @@ class TrainingRun:
         if self._rank == 0:
             self._heartbeat = threading.Thread(target=self._beat, name="workbench-heartbeat", daemon=True)
             self._heartbeat.start()
+
+    def _writer_lock(self, producer: str) -> WriterLock | None:
+        """The run folder's writer's lock, held by global rank 0 until ``close`` (``store.writer_lock``); a
+        folder another process writes is refused on every rank, with rank 0's reason, before anything is
+        written (collective)."""
+        lock, refusal = None, None
+        if self._rank == 0:
+            try:
+                lock = acquire(self.run_dir, writer=f"record() ({producer})",
+                               rank=0 if dist.is_initialized() else None)
+            except ArgumentError as err:
+                refusal = (isinstance(err, RunFolderBusy), str(err))
+        refusal = all_gather_objects(refusal)[0]
+        if refusal is not None:
+            busy, reason = refusal
+            raise (RunFolderBusy if busy else ArgumentError)(reason)
+        return lock
 
     def _create_store(self, user_config: Mapping[str, Any] | None) -> None:
         create_store(self.run_dir, store_attributes(
@@ -341,6 +363,8 @@ class TrainingRun:
                     excerpt = "".join(traceback.format_exception(error))[-2000:]
                     set_status(self.run_dir, status, error={"rank": self._rank, "message": f"{type(error).__name__}: "
                                                             f"{error}", "excerpt": excerpt})
+            if self._lock is not None:
+                self._lock.release()  # the next writer may come in once the status is written
 
     def __enter__(self) -> TrainingRun:
         return self

@@ -23,11 +23,12 @@ from typing import Any
 
 from workbench import determinism
 from workbench.config import Precision, RunConfig
-from workbench.errors import CheckpointError, IncomparableRunsError, LaunchError
+from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError
 from workbench.store import layout
 from workbench.store.manifest import parse_manifest, runner_manifest
 from workbench.store.reader import open_run
 from workbench.store.writer import create_store, set_status, update_manifest
+from workbench.store.writer_lock import LOCK_FILE, writing
 from workbench.versions import check_megatron_core
 
 ProgressFn = Callable[[str], None]
@@ -264,60 +265,65 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
         from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
 
         check_precision_supported(cfg.precision, on_gpu=_has_gpu())
-    if resume:
-        existing = open_run(paths.run_dir)
-        if existing.manifest.config_hash != cfg.numerics_hash():
-            raise CheckpointError(f"{paths.run_dir}: the store was written with a different config "
-                                  f"({existing.config.summary()}); resume needs the same config")
-        if not paths.checkpoint_steps():
-            raise CheckpointError(f"{paths.checkpoints}: no complete checkpoint to resume from "
-                                  "(set checkpoint_every in the config)")
-        from workbench.untrusted import check_checkpoint_folder
+    with writing(paths.run_dir, writer="workbench run" + (" --resume" if resume else "")):
+        if resume:
+            existing = open_run(paths.run_dir)
+            if existing.manifest.config_hash != cfg.numerics_hash():
+                raise CheckpointError(f"{paths.run_dir}: the store was written with a different config "
+                                      f"({existing.config.summary()}); resume needs the same config")
+            if not paths.checkpoint_steps():
+                raise CheckpointError(f"{paths.checkpoints}: no complete checkpoint to resume from "
+                                      "(set checkpoint_every in the config)")
+            from workbench.untrusted import check_checkpoint_folder
 
-        latest = paths.checkpoint(paths.checkpoint_steps()[-1])
-        layout.checkpoint_meta(latest)
-        check_checkpoint_folder(latest)  # a file that would run code, or a damaged one: refused before any rank
-        set_status(paths.run_dir, layout.Status.RUNNING,
-                   launcher={"pid": os.getpid(), "host": socket.gethostname()})
-    else:
-        if layout.resolve_run_dir(paths.run_dir) is not None and not overwrite:
-            raise LaunchError(f"{paths.run_dir} already holds a run; pass --resume to continue it or "
-                              "--overwrite to start again")
-        if paths.run_dir.exists() and overwrite:
-            shutil.rmtree(paths.run_dir)
-        create_store(paths.run_dir, runner_manifest(cfg), cfg.steps)
-    if manifest:
-        update_manifest(paths.run_dir, **manifest)
-    if start_record is not None:
-        update_manifest(paths.run_dir, started_from=start_record, resumes=[start_record["step"]])
-    args = start_args + (["--resume"] if resume else []) \
-        + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
-        + (["--trace-step", str(trace_step)] if trace_step is not None else []) \
-        + (["--against", str(Path(against).resolve())] if against is not None else []) \
-        + (["--rtol", repr(rtol)] if against is not None and rtol is not None else []) \
-        + (["--keep-going"] if against is not None and keep_going else [])
-    for attempt in range(1, _PORT_TRIES + 1):
-        ranks = _spawn(cfg, paths, args)
-        failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
-        if failed is None or attempt == _PORT_TRIES or not _port_taken(ranks):
-            break
-        if progress is not None:
-            progress(f"the rendezvous port was taken by another process before rank 0 bound it; "
-                     f"starting the ranks again on another (try {attempt + 1} of {_PORT_TRIES})")
-    if failed is not None:
-        excerpt = error_excerpt(failed.log)
-        unrecorded = _record_status(paths, layout.Status.FAILED, error={
-            "rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
-            "excerpt": excerpt[-2000:]})
-        raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
-                          f"all ranks stopped.{unrecorded} Its log: {failed.log}\n{excerpt}")
-    stopped = stop_after is not None and stop_after < cfg.steps
-    diverged = against is not None and not keep_going and open_run(paths.run_dir).attrs.get("diverged") is not None
-    unrecorded = _record_status(paths, layout.Status.DIVERGED if diverged else
-                                layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
-    if unrecorded:
-        raise LaunchError(f"{cfg.name} trained every step.{unrecorded}")
-    return paths.run_dir
+            latest = paths.checkpoint(paths.checkpoint_steps()[-1])
+            layout.checkpoint_meta(latest)
+            check_checkpoint_folder(latest)  # a file that would run code, or a damaged one: refused before any rank
+            set_status(paths.run_dir, layout.Status.RUNNING,
+                       launcher={"pid": os.getpid(), "host": socket.gethostname()})
+        else:
+            if layout.resolve_run_dir(paths.run_dir) is not None and not overwrite:
+                raise ArgumentError(f"{paths.run_dir} already holds a run; pass --resume to continue it or "
+                                  "--overwrite to start again")
+            if paths.run_dir.exists() and overwrite:
+                for entry in paths.run_dir.iterdir():  # all but the lock this process holds
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    elif entry.name != LOCK_FILE:
+                        entry.unlink()
+            create_store(paths.run_dir, runner_manifest(cfg), cfg.steps)
+        if manifest:
+            update_manifest(paths.run_dir, **manifest)
+        if start_record is not None:
+            update_manifest(paths.run_dir, started_from=start_record, resumes=[start_record["step"]])
+        args = start_args + (["--resume"] if resume else []) \
+            + (["--stop-after", str(stop_after)] if stop_after is not None else []) \
+            + (["--trace-step", str(trace_step)] if trace_step is not None else []) \
+            + (["--against", str(Path(against).resolve())] if against is not None else []) \
+            + (["--rtol", repr(rtol)] if against is not None and rtol is not None else []) \
+            + (["--keep-going"] if against is not None and keep_going else [])
+        for attempt in range(1, _PORT_TRIES + 1):
+            ranks = _spawn(cfg, paths, args)
+            failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+            if failed is None or attempt == _PORT_TRIES or not _port_taken(ranks):
+                break
+            if progress is not None:
+                progress(f"the rendezvous port was taken by another process before rank 0 bound it; "
+                         f"starting the ranks again on another (try {attempt + 1} of {_PORT_TRIES})")
+        if failed is not None:
+            excerpt = error_excerpt(failed.log)
+            unrecorded = _record_status(paths, layout.Status.FAILED, error={
+                "rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
+                "excerpt": excerpt[-2000:]})
+            raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
+                              f"all ranks stopped.{unrecorded} Its log: {failed.log}\n{excerpt}")
+        stopped = stop_after is not None and stop_after < cfg.steps
+        diverged = against is not None and not keep_going and open_run(paths.run_dir).attrs.get("diverged") is not None
+        unrecorded = _record_status(paths, layout.Status.DIVERGED if diverged else
+                                    layout.Status.STOPPED if stopped else layout.Status.COMPLETE)
+        if unrecorded:
+            raise LaunchError(f"{cfg.name} trained every step.{unrecorded}")
+        return paths.run_dir
 
 
 def _check_reference(cfg: RunConfig, against: Path, rtol: float | None) -> None:

@@ -1,0 +1,109 @@
+"""One writer per run folder (``workbench/store/writer_lock.py``): a second writer is refused naming the holder,
+a killed holder blocks nobody, nothing lands inside a run store, and a filesystem that cannot lock is said so."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.errors import ArgumentError
+from workbench.store.writer_lock import LOCK_FILE, RunFolderBusy, acquire, writing
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _hold(run_dir: str, ready: str) -> None:
+    acquire(run_dir, writer="workbench run", rank=0)
+    Path(ready).touch()
+    time.sleep(600)  # until killed
+
+
+def _wait_for(path: Path, deadline_s: float = 120.0) -> None:
+    start = time.monotonic()
+    while not path.exists():
+        assert time.monotonic() - start < deadline_s, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nobody(tmp_path: Path) -> None:
+    holder = SPAWN.Process(target=_hold, args=(str(tmp_path / "run"), str(tmp_path / "ready")))
+    holder.start()
+    try:
+        _wait_for(tmp_path / "ready")
+        with pytest.raises(RunFolderBusy) as refused:
+            acquire(tmp_path / "run", writer="record() (user loop)")
+        line = str(refused.value)
+        assert "\n" not in line and f"is being written by workbench run (pid {holder.pid} on " in line
+        assert "global rank 0" in line
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # as a crash or an out-of-memory kill would
+        holder.join(timeout=120)
+    with writing(tmp_path / "run", writer="workbench run --resume") as lock:  # the dead holder's lock is gone
+        assert lock.run_dir == (tmp_path / "run").absolute()
+    acquire(tmp_path / "run", writer="workbench run").release()  # and released at the block's end
+
+
+def _race(run_dir: str, who: str, rounds: int, log: str) -> None:
+    """Each round: try to take the folder's lock; the holder writes its name into the folder's only file, twice,
+    with a pause between, and notes its win."""
+    for round_ in range(rounds):
+        folder = Path(run_dir) / f"round{round_}"
+        try:
+            with writing(folder, writer=who):
+                for _ in range(2):
+                    (folder / "written-by").write_text(who)
+                    time.sleep(0.002)
+                assert (folder / "written-by").read_text() == who, "another writer wrote while this one held it"
+                with open(log, "a") as out:
+                    out.write(f"{round_} {who}\n")
+        except RunFolderBusy:
+            pass
+
+
+def test_two_writers_racing_for_many_folders_never_write_one_at_the_same_time(tmp_path: Path) -> None:
+    rounds = 200
+    racers = [SPAWN.Process(target=_race, args=(str(tmp_path), who, rounds, str(tmp_path / "wins.log")))
+              for who in ("a", "b")]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=300)
+    assert [racer.exitcode for racer in racers] == [0, 0]
+    wins = (tmp_path / "wins.log").read_text().split("\n")[:-1]
+    # Each round has a winner, and whoever won alone wrote the folder's file: a loser never writes.
+    assert len(wins) >= rounds and {int(w.split()[0]) for w in wins} == set(range(rounds))
+    for round_ in range(rounds):
+        assert (tmp_path / f"round{round_}" / "written-by").read_text() in ("a", "b")
+
+
+@pytest.mark.parametrize("inside", ["other/run.zarr", "other/run.zarr/sites/deeper"])
+def test_a_run_folder_inside_a_run_store_is_refused_before_anything_is_made(tmp_path: Path, inside: str) -> None:
+    (tmp_path / "other" / "run.zarr").mkdir(parents=True)
+    (tmp_path / "other" / "run.zarr" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    with pytest.raises(ArgumentError, match=r"lies inside the run store .*other/run\.zarr"):
+        acquire(tmp_path / inside, writer="workbench run")
+    assert sorted(p.name for p in (tmp_path / "other" / "run.zarr").iterdir()) == ["zarr.json"]
+
+
+def test_a_filesystem_that_cannot_lock_is_refused_not_written_unlocked(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(ArgumentError, match="its filesystem cannot lock writer.lock .*No locks available"):
+        acquire(tmp_path / "run", writer="workbench run")
+
+
+def test_the_lock_file_names_its_holder_and_survives_its_release(tmp_path: Path) -> None:
+    with writing(tmp_path / "run", writer="record() (user loop)", rank=0):
+        text = (tmp_path / "run" / LOCK_FILE).read_text()
+        assert '"writer": "record() (user loop)"' in text and f'"pid": {os.getpid()}' in text
+    assert (tmp_path / "run" / LOCK_FILE).exists()

@@ -1,0 +1,110 @@
+"""One writer per run folder: whoever writes a run (``workbench run``, ``--resume``, ``record(...)`` in a user's
+job, Megatron-LM's ``pretrain()`` under the launcher) holds the folder's lock for as long as it writes; a second
+writer is refused in one line, naming the holder, before it writes anything.
+
+The lock is the operating system's (``flock`` on ``RUN/writer.lock``), so it is released when its process dies,
+however it dies: a killed writer never blocks the next. The file stays, holding the last holder's description.
+
+On a filesystem without working ``flock`` the lock is refused with the reason rather than silently not held. NFS
+v4 and NFS v3 with ``lockd`` give ``flock`` across clients (Linux emulates it with ``fcntl`` locks there). Lustre
+mounted with ``flock`` does too; mounted with ``localflock`` a lock is seen only on its own node, so two writers
+on two nodes are not kept apart there; mounted with neither, ``flock`` fails and the writer is refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from workbench.errors import ArgumentError
+from workbench.store import layout
+
+LOCK_FILE = "writer.lock"
+"""In the run folder, beside ``run.zarr``."""
+
+
+class RunFolderBusy(ArgumentError):
+    """Another process writes this run folder."""
+
+
+def _inside_a_store(run_dir: Path) -> Path | None:
+    """The run store that ``run_dir`` would lie inside (itself or an ancestor a store), if any."""
+    for folder in (run_dir, *run_dir.parents):
+        if folder.name == layout.STORE_DIR or (folder / "zarr.json").is_file():
+            return folder
+    return None
+
+
+class WriterLock:
+    """The held lock of one run folder; ``release`` (or the process's end) lets the next writer in."""
+
+    def __init__(self, run_dir: Path, handle: int) -> None:
+        self.run_dir = run_dir
+        self._handle: int | None = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            os.close(self._handle)
+            self._handle = None
+
+
+def acquire(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None) -> WriterLock:
+    """Take the writer's lock of run folder ``run_dir`` (made if absent) for ``writer`` (``workbench run``,
+    ``record()``...), held by this process, which is global rank ``rank`` of a multi-rank job if given.
+    ``RunFolderBusy`` names the holder when another process has it; ``ArgumentError`` if ``run_dir`` lies inside
+    a run store, or its filesystem cannot lock."""
+    folder = Path(run_dir).absolute()
+    store = _inside_a_store(folder)
+    if store is not None:
+        raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
+                            "a folder outside every run.zarr")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ArgumentError(f"{folder}: cannot create its writer's lock ({err.strerror or err})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = _holder(handle)
+        os.close(handle)
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise RunFolderBusy(f"{folder} is being written by {holder}: one writer per run folder; wait for it "
+                                "to end, or write another folder") from None
+        raise ArgumentError(f"{folder}: its filesystem cannot lock {LOCK_FILE} ({err.strerror or err}), so a "
+                            "second writer could not be kept out; write the run on a local disk, or mount with "
+                            "flock") from None
+    os.ftruncate(handle, 0)
+    os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
+                                 "rank": rank, "since": time.time()}).encode())
+    return WriterLock(folder, handle)
+
+
+def _holder(handle: int) -> str:
+    """The holder's description, as it wrote it (or 'another process' if it has not yet)."""
+    try:
+        info = json.loads(os.pread(handle, 4096, 0) or b"{}")
+        where = f"pid {int(info['pid'])} on {str(info['host'])!r}"
+        rank = f", global rank {int(info['rank'])}" if info.get("rank") is not None else ""
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
+        return f"{str(info['writer'])} ({where}{rank}, since {since})"
+    except (ValueError, KeyError, TypeError, OSError):
+        return "another process"
+
+
+@contextmanager
+def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None) -> Iterator[WriterLock]:
+    """``acquire``, released at the end of the block."""
+    lock = acquire(run_dir, writer=writer, rank=rank)
+    try:
+        yield lock
+    finally:
+        lock.release()
