@@ -23,10 +23,14 @@ CURRENT := .venv-current
 FLOOR := .venv
 EXTRAS := train,notebooks,test
 MEGATRON_OVERLAYS := 0.17.1 0.18.2
-# What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, the recorder's API, and
-# Megatron-LM's own pretrain() recorded by the launcher (each release's signature).
+# What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, the configurations it
+# refuses, the recorder's API, and Megatron-LM's own pretrain() recorded by the launcher (each release's signature).
+USER_LOOP_TESTS := every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_itself \
+  two_runs_of_the_loop_are_bitwise_identical_one_with_a_validation_loss a_one_bit_change_is_found_at_its_step_and_module \
+  a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage
 RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_core_imported \
-  tests/unit/test_cpu_compat.py tests/integration/test_user_loop.py tests/integration/test_recorder_api.py \
+  tests/unit/test_cpu_compat.py tests/unit/test_unrecordable.py tests/integration/test_recorder_api.py \
+  $(foreach t,$(USER_LOOP_TESTS),tests/integration/test_user_loop.py::test_$(t)) \
   tests/integration/test_megatron_pretrain.py::test_pretrain_is_recorded_with_every_site_kind_and_its_scalars
 PYTEST := python -m pytest -q -p no:cacheprovider
 SINGLE_PROCESS_TESTS := tests/unit tests/property

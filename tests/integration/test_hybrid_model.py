@@ -19,13 +19,12 @@ HYBRID_ONLY = {f"{kind}:layers.{n}.attention_residual" for kind in ("act", "act_
 
 @pytest.fixture(scope="module")
 def hybrid_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """HybridModel at TP=2 twice, once with one flipped bit in block 0's MLP (Megatron layer 1) at step 2;
-    the GPTModel of the same two blocks at TP=2."""
+    """HybridModel at TP=2 twice, once with one flipped bit in block 0's MLP (Megatron layer 1) at step 2. The
+    GPTModel of the same two blocks at TP=2 is ``user_runs``' ``tp2`` (``user_loop.py --model gpt --tp 2``)."""
     root = tmp_path_factory.mktemp("hybrid-runs")
     train_user_loop(root / "hybrid", "--model", "hybrid", "--tp", "2")
     train_user_loop(root / "hybrid-again", "--model", "hybrid", "--tp", "2")
     train_user_loop(root / "hybrid-flip", "--model", "hybrid", "--tp", "2", "--flip", "2:decoder.layers.1.mlp")
-    train_user_loop(root / "gpt", "--model", "gpt", "--tp", "2")
     return root
 
 
@@ -53,8 +52,10 @@ def test_a_one_bit_change_in_a_hybrid_mlp_layer_is_found_at_its_step_and_block(h
     assert (result.first_step, result.first_site) == (2, "act:layers.0.mlp")
 
 
-def test_a_hybrid_model_and_the_gpt_model_of_its_blocks_line_up_site_for_site(hybrid_runs: Path) -> None:
-    gpt, hybrid = open_run(hybrid_runs / "gpt").records(), open_run(hybrid_runs / "hybrid").records()
+def test_a_hybrid_model_and_the_gpt_model_of_its_blocks_line_up_site_for_site(hybrid_runs: Path,
+                                                                               user_runs: Path) -> None:
+    gpt, hybrid = open_run(user_runs / "tp2").records(), open_run(hybrid_runs / "hybrid").records()
+    assert open_run(user_runs / "tp2").manifest.user_config["model"] == "gpt"  # type: ignore[index]
     result = compare(gpt, hybrid)
     assert set(result.common_sites) == set(gpt.sites)  # every GPT site has its Hybrid namesake
     assert result.only_in_a["sites"] == [] and set(result.only_in_b["sites"]) == HYBRID_ONLY
