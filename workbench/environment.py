@@ -256,11 +256,13 @@ class EnvironmentDifference:
         fact of ``BITWISE_FACTS`` differs."""
         return not any(d.key in BITWISE_FACTS for d in self.differences)
 
-    def summary(self, *, bitwise_check: bool = False) -> str:
+    def summary(self, *, bitwise_check: bool = False, runs_differ: bool = True) -> str:
         """One line; with ``bitwise_check`` (the check compared fingerprints) a second where bitwise equality was
-        not to be expected."""
+        not to be expected. ``runs_differ``: whether the runs compared differ (an identical pair has no
+        difference to place)."""
         if self.identical:
-            return "identical environments: the difference is in the code or the configuration"
+            return ("identical environments: the difference is in the code or the configuration" if runs_differ
+                    else "identical environments")
         if not self.differences and self.unknown and self.unknown[0].startswith(("every fact", "both runs")):
             who = "neither run says" if self.unknown[0] == "both runs' facts" else \
                 f"the {self.unknown[0].split()[-2]} run does not say"

@@ -26,6 +26,7 @@ def test_the_facts_that_differ_are_named_in_order() -> None:
         "the runs differ in: CPU vector ISA avx512 vs avx2; torch threads 2 vs 1"
     assert difference(AVX512, dict(AVX512)).summary() == \
         "identical environments: the difference is in the code or the configuration"
+    assert difference(AVX512, dict(AVX512)).summary(runs_differ=False) == "identical environments"
     assert not difference(AVX512, AVX2).bitwise_expected
     versions = difference(AVX512, {**AVX512, "torch": "2.12.0", ENV_KEY: {"NCCL_ALGO": "Ring"}})
     assert versions.bitwise_expected and versions.summary() == \
@@ -88,6 +89,9 @@ def test_identical_environments_point_at_the_code(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "identical environments: the difference is in the code or the configuration" in out
     assert "not to be expected" not in out
+    assert main(["compare", str(a), str(a)]) == 0  # a bitwise identical pair: no difference to place
+    out = capsys.readouterr().out
+    assert "bitwise identical" in out and "identical environments\n" in out and "the difference is" not in out
 
 
 def test_the_study_names_the_facts_beside_the_first_divergence(tmp_path: Path) -> None:

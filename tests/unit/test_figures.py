@@ -22,7 +22,7 @@ from workbench.figures.ladder import ladder_figure
 from workbench.figures.style import PALETTE, apply_style, floor_band, for_paper, resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance
-from workbench.studies.report import PRINT_HALF_PAGE, PRINT_WIDTH
+from workbench.studies.report import PRINT_HALF_PAGE, PRINT_WIDTH, _for_print
 
 PROVENANCE = Provenance(runs=("a-1234", "b-5678"), configs=("L1 H64 fp32",), schema_version=1, revision="abcdef0123456")
 
@@ -132,6 +132,25 @@ def test_trajectory_with_reference_floor_and_difference_panel() -> None:
     assert fig.data[names.index("ref")].line.color == PALETTE[0]
     with pytest.raises(ArgumentError, match="reference"):
         trajectory_figure(series, reference="missing")
+
+
+def test_thirteen_runs_have_thirteen_styles_in_both_panels_and_a_legend_that_fits() -> None:
+    steps = pd.RangeIndex(10, name="step")
+    names = [f"run{i}" for i in range(13)]
+    series = {name: pd.Series(np.linspace(5, 2, 10) + i * 1e-3, index=steps) for i, name in enumerate(names)}
+    floor = (series["run0"] - 1e-4, series["run0"] + 1e-4)
+    fig = trajectory_figure(series, reference="run0", floor=floor, seed_spread=floor, provenance=PROVENANCE)
+    style = {(t.name, t.yaxis): (t.line.color, t.line.dash) for t in fig.data if t.name in series}
+    upper = [style[name, "y"] for name in names]
+    assert len(set(upper)) == 13  # the palette has 8 colours: the next runs are dashed
+    assert all(style[name, "y2"] == style[name, "y"] for name in names[1:])  # a run looks the same in both panels
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert set(names) <= set(legend) and len(legend) == 15  # every run and both bands
+    plot_height = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot_height >= 20 * len(legend)  # plotly cuts a legend taller than the plot from an export
+    printed = _for_print(fig)  # the report's PDF: half a page, unless the legend needs more
+    assert printed.layout.height - printed.layout.margin.t - printed.layout.margin.b >= 20 * len(legend)
+    assert trajectory_figure({"a": series["run0"]}).layout.title.text == "loss of 1 run"
 
 
 def test_ladder_figure_draws_runs_and_noise_band() -> None:

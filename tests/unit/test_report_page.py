@@ -14,6 +14,7 @@ from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.store import synthetic
 from workbench.store.writer import ScalarWriter
 from workbench.studies.report import (
+    _STYLE,
     PRINT_FULL_PAGE,
     PRINT_HALF_PAGE,
     PRINT_WIDTH,
@@ -60,7 +61,9 @@ def test_a_table_breaks_names_after_dots_and_underscores_but_keeps_numbers_whole
     table = _table(frame, floats=lambda x: f"{x:.2e}")
     assert ">leaves_<wbr>floor_<wbr>at</th>" in table
     assert ">grad:embedding.<wbr>word_<wbr>embeddings.<wbr>weight</td>" in table
-    assert ">1.50e-03</td>" in table and 'class="dataframe data"' in table  # tags untouched
+    # on one line: a browser may break a line after the exponent's hyphen ("8.56e-" / "01")
+    assert '><span class="num">1.50e-03</span></td>' in table and 'class="dataframe data"' in table
+    assert "span.num { white-space: nowrap; }" in _STYLE
 
 
 def test_figures_are_printed_the_page_wide_and_two_to_a_page(tmp_path: Path) -> None:

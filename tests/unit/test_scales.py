@@ -17,6 +17,7 @@ from workbench.analysis.scales import (
 )
 from workbench.store.manifest import ModelSignature, RunManifest, manifest_fields
 from workbench.store.synthetic import write_synthetic_run
+from workbench.studies import views
 from workbench.studies.summary import summarise
 from workbench.studies.workspace import Workspace
 
@@ -135,9 +136,12 @@ def test_the_report_and_the_figure_verb_draw_both_bands(study: Path, tmp_path: P
     from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD
     from workbench.studies.report import report_figures
 
-    figures = report_figures(Workspace.open(study))
+    ws = Workspace.open(study)
+    figures = report_figures(ws)
     for name in ("loss", "ladder"):
         assert {SEED_SPREAD, NOISE_FLOOR} <= {trace.name for trace in figures[name].data}, name
+    for timing in ("tokens_per_s", "step_time"):  # bands of the numbers say nothing of the speed
+        assert not {SEED_SPREAD, NOISE_FLOOR} & {trace.name for trace in views.trajectories(ws, timing).figure.data}
     for kind in ("trajectories", "ladder"):
         out = tmp_path / f"{kind}.html"
         assert main(["figure", kind, str(study), "-o", str(out), "--data", str(tmp_path / f"{kind}.csv")]) == 0

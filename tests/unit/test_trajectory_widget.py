@@ -31,6 +31,7 @@ def lines(widget: TrajectoryWidget) -> dict[str, list[float]]:
 def test_controls_change_what_is_plotted(folder: Path, tmp_path: Path) -> None:
     widget = TrajectoryWidget(folder, runs=["base", "early"])
     assert set(lines(widget)) == {"base", "early"} and widget.reference.value == "base"
+    assert widget.runs.rows == 3  # every run in sight, the selected ones among them
     widget.runs.value = ("base", "early", "late")
     assert set(lines(widget)) == {"base", "early", "late"}
     widget.quantity.value = SITE_STATISTIC

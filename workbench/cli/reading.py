@@ -69,7 +69,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps({**result.to_dict(growth=True), "environment": facts.to_dict()}, indent=1, default=str))
     else:
         print(result.summary(escape=terminal_safe))
-        print(terminal_safe(facts.summary()))
+        print(terminal_safe(facts.summary(runs_differ=not result.identical)))
     return 0
 
 
@@ -104,7 +104,8 @@ def _check(args: argparse.Namespace) -> int:
     print(check.summary())
     if theirs is not None:  # Megatron-LM's files say nothing of where they were made
         facts = environment.difference(run.manifest.runtime, theirs)
-        print(terminal_safe(facts.summary(bitwise_check=args.rtol is None and not check.passed)))
+        print(terminal_safe(facts.summary(bitwise_check=args.rtol is None and not check.passed,
+                                          runs_differ=not check.passed)))
     return 0 if check.passed else 1
 
 

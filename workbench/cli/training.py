@@ -19,6 +19,7 @@ from workbench.cli._common import (
 )
 from workbench.config import load_run_config
 from workbench.errors import ArgumentError
+from workbench.words import counted
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -100,7 +101,7 @@ def _run_study_file(path: Path, out: Path) -> list[Path]:
 
     study = load_study(path)
     printer = ProgressPrinter()
-    printer(f"study {study.name}: {len(study.runs)} runs -> {out}", final=True)
+    printer(f"study {study.name}: {counted(len(study.runs), 'run')} -> {out}", final=True)
     start = time.monotonic()
 
     def report(index: int, total: int, planned, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -108,7 +109,7 @@ def _run_study_file(path: Path, out: Path) -> list[Path]:
         printer(f"[{index}/{total}] {planned.name} ({planned.config.summary()}): {message}", final=final)
 
     folders = run_study(study, out, report)
-    printer(f"study {study.name}: {len(folders)} runs in {time.monotonic() - start:.1f} s", final=True)
+    printer(f"study {study.name}: {counted(len(folders), 'run')} in {time.monotonic() - start:.1f} s", final=True)
     return list(folders)
 
 

@@ -28,7 +28,7 @@ from workbench.analysis.compare import Comparison
 from workbench.analysis.difference import relative as relative_of
 from workbench.analysis.growth import amplification
 from workbench.analysis.ladder import per_layer_error, sites_in_model_order
-from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, colour
+from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, line_style
 from workbench.sites import layer_label
 from workbench.store.manifest import Provenance
 
@@ -333,7 +333,7 @@ def amplification_figure(result: Comparison, stat: str = "l2", *,
     for i, layer in enumerate(table.columns):
         series = table[layer].where(table[layer] > 0)
         fig.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=str(layer),
-                                 line=dict(color=colour(i), width=1.6)))
+                                 line=dict(**line_style(i), width=1.6)))
     growth = amplification(result, stat)
     if growth.fit_steps is not None:  # the fit is drawn only over the steps it describes
         steps = np.asarray([s for s in table.index if growth.fit_steps[0] <= s <= growth.fit_steps[1]], dtype=float)

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.ladder import Ladder
-from workbench.figures.style import FONT_SIZE, NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band
+from workbench.figures.style import FONT_SIZE, NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band, line_style
 from workbench.sites import layer_order
 from workbench.store.manifest import Provenance
 
@@ -54,9 +54,9 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
             legend = f"{run} {_EXIT} {_short_layer(layer)}, step {step}"
         # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
         fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
-                                 legendgroup=str(run), showlegend=False, line=dict(color=colour(i))), row=1, col=1)
+                                 legendgroup=str(run), showlegend=False, line=line_style(i)), row=1, col=1)
         fig.add_trace(go.Scatter(x=steps.index, y=steps.to_numpy(), mode="lines", name=legend, legendgroup=str(run),
-                                 line=dict(color=colour(i))), row=1, col=2)
+                                 line=line_style(i)), row=1, col=2)
         if exit_ is not None:  # drawn after the lines: on top of them
             hover = f"{run} leaves the noise floor at step {step} in {layer} ({site})<extra></extra>"
             for col, x, y in ((1, layer, values.get(layer)), (2, step, steps.get(step))):

@@ -50,6 +50,35 @@ def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot")
+"""With ``PALETTE``: the line styles of one figure's runs, len(PALETTE) x len(DASHES) = 32 before one repeats."""
+
+
+def line_style(index: int) -> dict[str, str]:
+    """The colour and dash of the ``index``-th run of a figure: the palette's colours first, solid; then again,
+    dashed; and so on, so that no two of a figure's first 32 runs look alike."""
+    return dict(color=PALETTE[index % len(PALETTE)], dash=DASHES[index // len(PALETTE) % len(DASHES)])
+
+
+LEGEND_ENTRY_PX = 22
+"""The height of one line of a vertical legend at ``FONT_SIZE`` (plotly's is about 1.6 font sizes)."""
+
+
+def legend_entries(fig: go.Figure) -> int:
+    """The entries of ``fig``'s legend: its named traces shown there, one per legend group."""
+    if fig.layout.showlegend is False:
+        return 0
+    groups = {t.legendgroup or id(t) for t in fig.data if t.showlegend is not False and t.name}
+    return len(groups) if len(fig.data) > 1 or fig.layout.showlegend else 0
+
+
+def legend_height(fig: go.Figure) -> int:
+    """The least height (pixels) at which ``fig``'s vertical legend fits beside its plot, margins included:
+    plotly cuts a legend taller than the plot from a static export."""
+    margin = fig.layout.margin
+    return (margin.t or 0) + (margin.b or 0) + LEGEND_ENTRY_PX * legend_entries(fig)
+
+
 _FOOTER_SIZE = 9
 """Font size (px) of the provenance footer."""
 

@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 
 from workbench.errors import ArgumentError
 from workbench.figures.anomaly_marks import mark_anomalies
-from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band
+from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, floor_band, legend_height, line_style
 from workbench.store.manifest import Provenance
 
 
@@ -46,7 +46,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         width = 2.4 if name == reference else 1.5
         values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
         fig.add_trace(go.Scatter(x=values.index, y=values.to_numpy(), mode="lines", name=name, legendgroup=name,
-                                 line=dict(color=colour(i), width=width)), row=1, col=1)
+                                 line=dict(**line_style(i), width=width)), row=1, col=1)
     if with_diff:
         assert reference is not None
         ref = series[reference]
@@ -63,13 +63,14 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                 continue
             diff = difference(values).replace([float("inf"), float("-inf")], float("nan")).dropna()
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
-                                     showlegend=False, line=dict(color=colour(i), width=1.5)), row=2, col=1)
+                                     showlegend=False, line=dict(**line_style(i), width=1.5)), row=2, col=1)
         fig.update_yaxes(title=f"relative to {reference}" if relative else f"minus {reference}",
                          exponentformat="power", row=2, col=1)
-    apply_style(fig, title=title or f"{quantity} of {len(series)} runs", provenance=provenance,
-                height=600 if with_diff else 460)
+    apply_style(fig, title=title or f"{quantity} of {len(series)} {'run' if len(series) == 1 else 'runs'}",
+                provenance=provenance, height=600 if with_diff else 460)
     fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)
     fig.update_xaxes(title="step", row=2 if with_diff else 1, col=1)
     if anomalies is not None:
         mark_anomalies(fig, anomalies, row=1, col=1)
+    fig.update_layout(height=max(fig.layout.height, legend_height(fig)))  # a legend entry per run, band and mark
     return fig

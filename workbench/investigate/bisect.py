@@ -65,8 +65,10 @@ class Bisect:
         else:
             lines.append(f"  operation: not traced: {self.skipped}")
         for r in self.replays:
-            lines.append(f"  replay of {r.original.name}: {'reproduced' if r.check.reproduced else 'departed'} "
-                         f"({r.seconds:.1f} s from step {r.from_step})")
+            verdict = ("reproduced it bitwise" if r.check.reproduced else
+                       f"departed from it: first differs at step {r.check.first_step}, {r.check.first_site}")
+            lines.append(f"  replay of {r.original.name} from its step-{r.from_step} checkpoint: {verdict} "
+                         f"({r.seconds:.1f} s)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

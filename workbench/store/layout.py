@@ -85,6 +85,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "skipped": "int8",
 }
 """Per-step scalars and their dtypes; seconds for ``step_time``."""
+TIMING_SCALARS = ("step_time", "tokens_per_s", "recorder_time")
+"""The scalars that measure the machine, not the numbers: no noise floor or seed spread is drawn around them."""
 ADDED_SCALARS = ("val_loss",)
 """Scalars that stores written before them lack: read as NaN, left out when such a store is written to."""
 DONE_FIELD = "done"

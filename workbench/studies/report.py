@@ -30,10 +30,11 @@ import plotly.offline
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure
 from workbench.figures.elementwise import elementwise_figure
-from workbench.figures.style import resized
+from workbench.figures.style import legend_height, resized
 from workbench.studies import views
 from workbench.studies.summary import StudySummary, summarise
 from workbench.studies.workspace import Workspace
+from workbench.words import counted
 
 MAX_PAIRS = 8
 """Heatmap and growth figures for at most this many pairs, so a report of a large study stays readable."""
@@ -61,12 +62,15 @@ def _table(frame: pd.DataFrame, *, index: bool = False, floats: Callable[[float]
     """``frame`` as an HTML table whose cells wrap: names may break after their dots and underscores
     (``leaves_floor_at``, ``grad:embedding.word_embeddings.weight``), so a wide table fits the page."""
     table = frame.to_html(index=index, float_format=floats, border=0, classes="data", na_rep="NaN", escape=True)
-    # in text only (tags hold neither), and not in numbers: 1.5e-03 stays whole
-    return "".join(part if part.startswith("<") else _BREAK_AFTER.sub(r"\1<wbr>", part)
+    # in text only (tags hold neither), and not in numbers: 1.5e-03 stays whole (a browser breaks after a hyphen)
+    return "".join(part if part.startswith("<") else
+                   _NUMBER.sub(r'<span class="num">\g<0></span>', _BREAK_AFTER.sub(r"\1<wbr>", part))
                    for part in re.split(r"(<[^>]*>)", table))
 
 
 _BREAK_AFTER = re.compile(r"(?<=[A-Za-z])([._])(?=[A-Za-z])")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?[eE][-+]\d+\b")
+"""A number in exponent form, kept on one line."""
 
 
 def _anomaly_html(found: pd.DataFrame) -> str:
@@ -134,6 +138,7 @@ table.data { border-collapse: collapse; font-size: 12px; margin: 0.3em 0 0.8em; 
 table.data th, table.data td { padding: 2px 8px; border-bottom: 1px solid #e2e2e2; text-align: left;
                                vertical-align: top; overflow-wrap: break-word; }
 table.data th { background: #f0f0f0; }
+span.num { white-space: nowrap; }
 section.figure { margin: 1em 0; break-inside: avoid; page-break-inside: avoid; }
 section.figure > svg { display: block; max-width: 100%; height: auto; }
 @media print {
@@ -152,7 +157,8 @@ def _for_print(fig: go.Figure) -> go.Figure:
     width and are scaled to the page."""
     height = fig.layout.height or 520
     height = min(height, PRINT_HALF_PAGE) if height <= 600 else min(height, PRINT_FULL_PAGE)
-    return resized(fig, max(fig.layout.width or 0, PRINT_WIDTH), height)
+    # never below the height its legend needs (a loss figure of 13 runs): plotly cuts the legend, not the plot
+    return resized(fig, max(fig.layout.width or 0, PRINT_WIDTH), min(max(height, legend_height(fig)), PRINT_FULL_PAGE))
 
 
 def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
@@ -166,7 +172,7 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
     say("analysing the runs")
     summary = summarise(ws)
     figures = report_figures(ws)
-    say(f"{len(figures)} figures")
+    say(counted(len(figures), "figure"))
     if fmt == "html":
         head = f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
         bodies = {name: fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)

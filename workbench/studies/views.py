@@ -28,6 +28,7 @@ from workbench.figures.ladder import ladder_figure
 from workbench.figures.pairs import pairs_figure
 from workbench.figures.sources import sources_figure
 from workbench.figures.trajectories import trajectory_figure
+from workbench.store.layout import TIMING_SCALARS
 from workbench.studies.workspace import Workspace
 
 RATES = {"tokens_per_s": "tokens per second", "step_time": "steps per second"}
@@ -62,8 +63,8 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
                  log_y: bool = False, relative: bool = False, title: str | None = None) -> View:
     """A per-step scalar (``quantity``), or with ``site`` the statistic ``quantity`` of that site, of ``names``
     (default: every run, the reference first) against ``reference`` (default: the first), within ``steps``
-    (inclusive), with the noise floor's and the seed runs' envelopes as bands and, with ``anomalies``, each
-    run's anomalies marked (or the marks given)."""
+    (inclusive), with the noise floor's and the seed runs' envelopes as bands (none around a timing,
+    ``TIMING_SCALARS``) and, with ``anomalies``, each run's anomalies marked (or the marks given)."""
     chosen = list(names) if names is not None else \
         [ws.roles.reference, *(n for n in ws.names if n != ws.roles.reference)]
     if site is not None:
@@ -79,6 +80,8 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
         envelope = ws.site_band(site, quantity, which) if site is not None else ws.scalar_band(quantity, which)
         return None if envelope is None else (envelope[0].loc[low:high], envelope[1].loc[low:high])
 
+    if site is None and quantity in TIMING_SCALARS:  # run-to-run numerical bands say nothing about speed
+        floor = seeds = False
     marks = anomalies if isinstance(anomalies, pd.DataFrame) else anomaly_marks(ws, series) if anomalies else None
     figure = trajectory_figure(series, reference=reference if reference in series else next(iter(series)),
                                quantity=f"{quantity} of {site}" if site is not None else quantity,

@@ -51,6 +51,16 @@ def figure_widget() -> go.FigureWidget:
     return go.FigureWidget(layout=dict(template=TEMPLATE))
 
 
+LIST_ROWS = 16
+"""Most rows a selection list shows; a longer one scrolls."""
+
+
+def fill_list(control: widgets.SelectMultiple, options: list[str]) -> None:
+    """Give the list ``options`` and rows for all of them (up to ``LIST_ROWS``): what is selected is seen."""
+    control.options = options
+    control.rows = max(2, min(len(options), LIST_ROWS))
+
+
 def show(target: go.FigureWidget, figure: go.Figure) -> None:
     """Replace what ``target`` shows with ``figure`` in one update. Numeric data goes as binary arrays, with
     NaN for gaps (infinities too): as JSON, which has neither NaN nor infinities, a 600 x 400 heatmap's
@@ -81,10 +91,12 @@ class ExportBar(widgets.HBox):
         super().__init__()
         self.status = status
         self.exported = exported
+        # relative to the notebook: notebooks/figures/ in this repository, which git ignores
         self.folder = widgets.Text(value="figures", description="export to", style={"description_width": "initial"})
         self.formats = widgets.SelectMultiple(options=list(EXPORT_FORMATS), value=("png", "html"), rows=4,
                                               description="formats", style={"description_width": "initial"})
-        self.button = widgets.Button(description="export figures and CSV", icon="download")
+        self.button = widgets.Button(description="export figures and CSV", icon="download",
+                                     layout=widgets.Layout(width="auto"))  # its default width cuts the words
         self.button.on_click(lambda _: self.export())
         self.children = [self.folder, self.formats, self.button]
 

@@ -23,7 +23,8 @@ import plotly.graph_objects as go
 from workbench.errors import ArgumentError
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, fill_list, open_workspace, show
+from workbench.words import counted
 
 MEASURES = {"tokens/s (recorder excluded)": "tokens_per_s", "steps/s (from the step time)": "step_time"}
 CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs only by the workbench's emulation "
@@ -61,7 +62,8 @@ class CostWidget(WorkbenchWidget):
         if self.workspace is None:
             return
         configs = self.workspace.configurations
-        self.configs.options, self.configs.value = configs, tuple(configs)
+        fill_list(self.configs, configs)
+        self.configs.value = tuple(configs)
         self.caveat.value = f"<i>{CPU_CAVEAT}</i>" if self.workspace.on_cpu else ""
 
     def update(self) -> None:
@@ -81,7 +83,7 @@ class CostWidget(WorkbenchWidget):
             show(self.figure, view.figure)
             with self.numbers:
                 print(self.table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-            self.status.value = f"{len(self.table)} configurations with both modes ({views.RATES[measure]})"
+            self.status.value = f"{counted(len(self.table), 'configuration')} with both modes ({views.RATES[measure]})"
         self.source_numbers.clear_output()
         try:
             by_source = views.source_cost(self.workspace, measure=measure, warmup=warmup, interval=interval)

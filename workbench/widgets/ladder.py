@@ -26,8 +26,9 @@ from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
 from workbench.studies import views
 from workbench.studies.workspace import Workspace, runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, fill_list, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
+from workbench.words import counted
 
 
 class LadderWidget(WorkbenchWidget):
@@ -75,7 +76,7 @@ class LadderWidget(WorkbenchWidget):
             return
         self.directory, self.workspace = str(directory), workspace
         self.reference.options, self.reference.value = workspace.recorded, workspace.roles.reference
-        self.runs.options = [n for n in workspace.recorded]
+        fill_list(self.runs, list(workspace.recorded))
         chosen = runs or workspace.roles.others or [n for n in workspace.recorded if n != workspace.roles.reference][:3]
         self.runs.value = tuple(n for n in chosen if n in workspace.recorded and n != workspace.roles.reference)
         numbered = [n for n in map(labelled_layer, self._labels(workspace)) if n is not None]
@@ -114,8 +115,8 @@ class LadderWidget(WorkbenchWidget):
         for trace in self.figure.data:  # a run's line and the triangle where it leaves the floor: its legend group
             if trace.legendgroup in names and trace.xaxis in (None, "x"):
                 trace.on_click(self._on_click)
-        self.status.value = (f"{len(names)} runs against {reference}, {self.stat.value}; click a run's point at a "
-                             "layer to see that layer's sites")
+        self.status.value = (f"{counted(len(names), 'run')} against {reference}, {self.stat.value}; click a run's "
+                             "point at a layer to see that layer's sites")
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs:

@@ -21,6 +21,7 @@ from workbench.studies import views
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
+from workbench.words import counted
 
 
 class PairMatrixWidget(WorkbenchWidget):
@@ -52,8 +53,8 @@ class PairMatrixWidget(WorkbenchWidget):
         show(self.figure, view.figure)
         self.figure.data[1].on_click(self._on_click)
         identical = sum(len(g) for g in matrix.groups)
-        self.status.value = (f"{len(matrix.names)} runs, {len(matrix.groups)} groups of bitwise identical runs "
-                             f"({identical} runs); click a cell to explore that pair")
+        self.status.value = (f"{counted(len(matrix.names), 'run')}, {counted(len(matrix.groups), 'group')} of "
+                             f"bitwise identical runs ({counted(identical, 'run')}); click a cell to explore that pair")
 
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs and points.ys:

@@ -23,6 +23,7 @@ from workbench.statistics import STAT_NAMES
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
+from workbench.words import counted
 
 SHOWN = ["source", "where_it_acts", "first_step", "first_site", "floor_exit_step", "final_error", "cost_percent",
          "cost_low", "cost_high"]
@@ -64,7 +65,7 @@ class SourcesWidget(WorkbenchWidget):
         with self.numbers:
             print(self.table[[c for c in SHOWN if c in self.table]].to_string(
                 index=False, float_format=lambda x: f"{x:.3g}"))
-        self.status.value = (f"{len(self.table)} sources against {self.workspace.roles.reference} "
+        self.status.value = (f"{counted(len(self.table), 'source')} against {self.workspace.roles.reference} "
                              f"({self.stat.value}; cost over {self.interval.value:g}% intervals)")
 
     def exported(self) -> Exported | None:

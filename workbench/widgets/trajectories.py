@@ -28,8 +28,9 @@ from workbench.statistics import STAT_NAMES
 from workbench.store.layout import SCALAR_FIELDS
 from workbench.studies import views
 from workbench.studies.workspace import runs_dir
-from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
+from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, fill_list, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
+from workbench.words import counted
 
 SITE_STATISTIC = "site statistic"
 _SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("float")]
@@ -82,7 +83,7 @@ class TrajectoryWidget(WorkbenchWidget):
         roles = workspace.roles
         chosen = [n for n in (runs or [roles.reference, *roles.floor_runs, *roles.others][:6])
                   if n in workspace.runs]
-        self.runs.options = workspace.names
+        fill_list(self.runs, list(workspace.names))
         self.runs.value = tuple(dict.fromkeys(chosen))
         self.reference.options = workspace.names
         self.reference.value = chosen[0] if chosen else workspace.names[0]
@@ -138,7 +139,7 @@ class TrajectoryWidget(WorkbenchWidget):
         quantity = f"{self.stat.value} of {self.site.value}" if self.quantity.value == SITE_STATISTIC \
             else self.quantity.value
         reference = self.reference.value if self.reference.value in view.data else view.data.columns[0]
-        self.status.value = (f"{quantity}: {len(view.data.columns)} runs against {reference} "
+        self.status.value = (f"{quantity}: {counted(len(view.data.columns), 'run')} against {reference} "
                              f"(updated in {1000 * self.last_update_s:.0f} ms)")
 
     def show_site(self, site: str, stat: str | None = None, runs: list[str] | None = None) -> None:
