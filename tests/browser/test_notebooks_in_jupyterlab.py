@@ -1,7 +1,8 @@
 """Notebooks in a real JupyterLab, driven in headless Chromium through Playwright.
 
 Serves JupyterLab on 127.0.0.1 over copies of the notebooks. The explorer notebook runs,
-its statistic is changed, and the heatmap must change (its colour-bar title and its cells);
+its statistic is changed, and the heatmap must change (its colour-bar title and its cells); a cell is
+clicked, and the site detail must show the site and step the hover named under the pointer;
 the trajectory widget's quantity is changed and its figure must follow, and so must the
 precision notebook's ladder widget when its statistic changes; the replay-and-bisect
 notebook runs to the end and must show its verdicts and figures.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -131,9 +133,27 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
             "document.querySelector('.js-plotly-plot .cbtitle').textContent.includes('max')", timeout=60_000)
         after_title = title.text_content() or ""
         after_cells = heatmap.locator(".hm image, .heatmaplayer image").first.get_attribute("href") or ""
+        assert "max" in after_title and "l2" not in after_title
+        assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"
+
+        # a click on a cell: what the hover says is under the pointer is what the detail must show
+        _wait_for_text(page, ".js-plotly-plot .gtitle", "t.includes('clicked at step 0')")
+        box = heatmap.locator(".nsewdrag").first.bounding_box()
+        assert box is not None
+        x, y = box["x"] + 0.8 * box["width"], box["y"] + 0.6 * box["height"]
+        page.mouse.move(x, y)
+        page.wait_for_function("document.querySelector('.js-plotly-plot .hoverlayer .hovertext') !== null",
+                               timeout=30_000)
+        hover = heatmap.locator(".hoverlayer .hovertext").first.text_content() or ""
+        match = re.search(r"step (\d+)(.+?)log10", hover) or re.search(r"^(.+?)first differs at step (\d+)", hover)
+        assert match is not None, hover
+        step, site = (match[1], match[2]) if hover.startswith("step") else (match[2], match[1])
+        page.mouse.click(x, y)
+        _wait_for_text(page, ".js-plotly-plot .gtitle", f"t.includes('clicked at step {step}') && t.includes({site!r})",
+                       timeout=60)
         page.screenshot(path=str(ARTIFACTS / "explorer-in-jupyterlab.png"), full_page=True)
-    assert "max" in after_title and "l2" not in after_title
-    assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"
+        detail = [t for t in _plot_texts(page, ".gtitle") if "clicked at step" in t]
+    assert len(detail) == 1 and detail[0].startswith(f"max of {site} (") and detail[0].endswith(f"at step {step}")
 
 
 def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # type: ignore[no-untyped-def]

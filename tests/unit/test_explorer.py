@@ -169,3 +169,37 @@ def test_a_statistic_the_background_is_computing_is_waited_for_not_read_again(tm
     view.join(timeout=60)
     assert not view.is_alive(), "the view and the background waited for each other"
     assert computed and explorer._overviews[key] is computed[0]  # the view drew the background's bins
+
+
+def _click(explorer: DivergenceExplorer, trace: int, step: int, site: str) -> None:
+    """The message plotly's widget sends from the browser when a point of trace ``trace`` is clicked."""
+    explorer.heatmap._js2py_pointsCallback = {
+        "event_type": "plotly_click", "device_state": None, "selector": None,
+        "points": {"trace_indexes": [trace], "point_indexes": [0], "xs": [step], "ys": [site]}}
+
+
+def test_a_click_on_a_cell_on_the_frontier_or_in_the_site_list_shows_that_site(tmp_path: Path) -> None:
+    write_synthetic_run(tmp_path / "a", steps=12, sites=40, seed=4)
+    write_synthetic_run(tmp_path / "b", steps=12, sites=40, seed=4, diverge_at=(5, 7))
+    explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
+    heard: list[str] = []
+    explorer.site_listeners.append(lambda site, stat, runs: heard.append(site))
+    names = [trace.name for trace in explorer.heatmap.data]
+    assert names[0] == "difference" and len(names) >= 2  # the heatmap, the frontier above it
+    first = explorer.selected
+    assert first is not None and first[1] == 5
+    # the list: the sites that differ, in the order they first do, the first divergent site on top
+    values = [value for _, value in explorer.site_list.options]
+    assert values[0] == first[0] and explorer.site_list.value == first[0]
+    assert explorer.site_list.options[0][0].startswith("step 5: ")
+    steps = [int(label.split(":")[0].removeprefix("step ")) for label, _ in explorer.site_list.options]
+    assert steps == sorted(steps) and steps[-1] > 5 and len(values) == 40
+    other = values[-1]
+    _click(explorer, 0, 9, other)  # a heatmap cell
+    assert explorer.selected == (other, 9) and f"{other} " in explorer.detail.layout.title.text
+    assert "clicked at step 9" in explorer.detail.layout.title.text and explorer.site_list.value == other
+    _click(explorer, 1, 5, first[0])  # the frontier's point over a cell
+    assert explorer.selected == first and explorer.site_list.value == first[0]
+    explorer.site_list.value = values[1]  # no click at all
+    assert explorer.selected is not None and explorer.selected[0] == values[1]
+    assert heard == [other, first[0], values[1]]

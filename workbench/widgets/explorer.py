@@ -54,6 +54,8 @@ class DivergenceExplorer(WorkbenchWidget):
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
         self._detail: Key | None = None  # what the site detail shows
+        self._site_steps: dict[str, int] = {}  # the listed sites that differ: their first divergent step
+        self._listed: set[str] = set()  # the sites in the site list
         style = {"description_width": "initial"}
         wide = widgets.Layout(width="420px")
         self.directory = widgets.Text(value=str(directory or runs_dir()), description="runs folder",
@@ -71,16 +73,21 @@ class DivergenceExplorer(WorkbenchWidget):
         self.steps = widgets.IntRangeSlider(description="steps", min=0, max=0, value=(0, 0), style=style,
                                             layout=wide, continuous_update=False)
         self.heatmap = figure_widget()
+        self.site_list = widgets.Dropdown(description="site (in order of first divergence)", options=[], style=style,
+                                          layout=widgets.Layout(width="640px"))
+        """The shown sites, those that differ first in the order they first differ, then the rest in model
+        order: choosing one shows it as a click on its first divergent cell does."""
         self.detail = figure_widget()
         self.snapshot_view = widgets.Output()
         self.children = [
             widgets.HBox([self.directory, self.open_button]),
             widgets.HBox([self.reference, self.other, self.stat]),
             widgets.HBox([widgets.VBox([self.site_glob, self.layers, self.outside_layers, self.steps]), self.kinds]),
-            self.status, self.heatmap, self.detail, self.snapshot_view,
+            self.status, self.heatmap, self.site_list, self.detail, self.snapshot_view,
             self.export_bar,
         ]
         self.open_button.on_click(lambda _: self.open_runs(self.directory.value))
+        self.site_list.observe(self._on_site_chosen, names="value")
         self.watch(self.reference, self.other, self.stat, self.site_glob, self.kinds, self.layers,
                    self.outside_layers, self.steps)
         self.site_listeners: list[Callable[[str, str, list[str]], None]] = []
@@ -214,7 +221,11 @@ class DivergenceExplorer(WorkbenchWidget):
             figure = divergence_heatmap(result, self.stat.value, matrix=matrix.loc[rows],
                                         provenance=provenance)
         show(self.heatmap, figure)
-        self.heatmap.data[0].on_click(self._on_click)
+        # every trace: a click near the frontier or the first-divergence marker lands on that trace, not the
+        # heatmap's (plotly gives a heatmap cell the largest hover distance); their points are (step, site) too
+        for trace in self.heatmap.data:
+            trace.on_click(self._on_click)
+        self._list_sites(rows, result.frontier, low, high)
         verdict = ("bitwise identical" if result.identical else
                    f"first divergence at step <b>{result.first_step}</b>, site <b>{result.first_site}</b>; "
                    f"origins: {', '.join(result.origin_sites[:4])}")
@@ -240,16 +251,43 @@ class DivergenceExplorer(WorkbenchWidget):
         self.kinds.options, self.kinds.value = present, tuple(present)
         self._quiet = False
 
+    def _list_sites(self, rows: list[str], frontier: pd.Series, low: int, high: int) -> None:
+        """Fill the site list with the shown ``rows``: those that first differ in ``low..high``, in the order they
+        do (model order within a step), then the others in model order."""
+        position = {site: i for i, site in enumerate(rows)}
+        first = {site: int(step) for site, step in frontier.items() if site in position and low <= step <= high}
+        order = sorted(first, key=lambda site: (first[site], position[site])) + [s for s in rows if s not in first]
+        self._quiet = True
+        self.site_list.options = [(f"step {first[site]}: {site}" if site in first else
+                                   f"equal in steps {low}..{high}: {site}", site) for site in order]
+        self.site_list.value = self.selected[0] if self.selected and self.selected[0] in position else None
+        self._site_steps, self._listed = first, set(order)
+        self._quiet = False
+
+    def _on_site_chosen(self, change: dict[str, Any]) -> None:
+        site = change["new"]
+        if self._quiet or site is None or (self.selected is not None and self.selected[0] == site):
+            return
+        self._show_and_tell(site, self._site_steps.get(site, self.steps.value[0]))
+
     def _on_click(self, trace: Any, points: Any, state: Any) -> None:
         if points.xs and points.ys:
-            self.show_site(str(points.ys[0]), int(points.xs[0]))
-            for listener in self.site_listeners:
-                listener(str(points.ys[0]), self.stat.value, [self.reference.value, self.other.value])
+            self._show_and_tell(str(points.ys[0]), int(points.xs[0]))
+
+    def _show_and_tell(self, site: str, step: int) -> None:
+        """Show ``site`` at ``step`` in the detail, and tell the site listeners."""
+        self.show_site(site, step)
+        for listener in self.site_listeners:
+            listener(site, self.stat.value, [self.reference.value, self.other.value])
 
     def show_site(self, site: str, step: int) -> None:
         """The linked views for one heatmap cell: the site's statistic over steps, and its snapshots."""
         assert self.workspace is not None
         self.selected = (site, step)
+        if self.site_list.value != site and site in self._listed:
+            quiet, self._quiet = self._quiet, True
+            self.site_list.value = site
+            self._quiet = quiet
         a, b = self.reference.value, self.other.value
         self._detail = (a, b, self.stat.value)
         self.workspace.follow_site(site)  # its other statistics' series kept as the background reads them
