@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from workbench.errors import ArgumentError
+
 
 @dataclass(frozen=True)
 class FirstHit:
@@ -73,3 +75,19 @@ def relative_difference(x: xr.DataArray, y: xr.DataArray) -> xr.DataArray:
     """|x - y| / max(|x|, |y|): 0 where equal (NaN = NaN counts as equal), NaN where only one is NaN or
     both are infinite with different signs. Lazy when the inputs are (Dask): computed chunk by chunk."""
     return xr.apply_ufunc(relative, x, y, dask="parallelized", output_dtypes=[np.float64])
+
+
+def labelled_difference(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
+    """Two runs' differences, labelled as their ``Run.sites()`` Datasets are, over the steps and sites both
+    recorded (in ``a``'s site order): ``relative`` (step, site, stat), ``relative_difference`` of every
+    statistic, lazy where the inputs are; ``equal`` (step, site), whether the fingerprints are bitwise
+    equal. ``attrs`` names the runs (``a``, ``b``)."""
+    missing = [name for name in ("stats", "fingerprint") for ds in (a, b) if name not in ds]
+    if missing:
+        raise ArgumentError(f"not a run's labelled statistics (Run.sites()): no {missing[0]!r}")
+    a, b = xr.align(a[["stats", "fingerprint"]], b[["stats", "fingerprint"]], join="inner",
+                    exclude=[d for d in a.dims if d not in ("step", "site", "stat")])
+    out = xr.Dataset({"relative": relative_difference(a["stats"], b["stats"]),
+                      "equal": a["fingerprint"] == b["fingerprint"]})
+    out.attrs = {"a": a.attrs.get("run", "a"), "b": b.attrs.get("run", "b")}
+    return out

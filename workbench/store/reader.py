@@ -210,14 +210,21 @@ class Run:
         return int(np.argmin(done)) if not done.all() else len(done)
 
     def sites(self) -> xr.Dataset:
-        """Statistics and fingerprints as a lazy Dataset: ``stats`` (step, site, stat) and
-        ``fingerprint`` (step, site), with site metadata (kind, name, layer, order, shape, dtype,
-        numel) as coordinates; written steps only."""
+        """Statistics and fingerprints as a lazy xarray Dataset, labelled: ``stats`` (step, site, stat) and
+        ``fingerprint`` (step, site), coordinates ``step`` (the recorded step numbers), ``site`` (names in
+        execution order), ``stat`` and the site metadata (kind, name, layer, order, shape, dtype, numel);
+        written steps only; ``attrs["run"]`` is the run's name. Two runs' differences:
+        ``analysis.labelled_difference(open_run(a).sites(), open_run(b).sites())``."""
         group, n = self._sites_group(), self.recorded_steps_completed
         for name in (layout.STATS_ARRAY, layout.FINGERPRINT_ARRAY):
             layout.require_rows(layout.array(group, name), 0, n)
         ds = xr.open_zarr(self._store, group=layout.SITES_GROUP, consolidated=False)
-        ds = ds.set_coords(list(layout.SITE_META_FIELDS)).drop_vars(layout.DONE_FIELD)
+        internal = [v for v in (layout.DONE_FIELD, layout.BIN_FINGERPRINT_ARRAY, layout.BIN_ROWS_ARRAY) if v in ds]
+        ds = ds.set_coords(list(layout.SITE_META_FIELDS)).drop_vars(internal)  # the folds are the store's own
+        ds = ds.drop_dims([d for d in ds.dims if d not in (layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM)])
+        # the site metadata in memory (a value per site): a selection by kind or layer needs no compute
+        ds = ds.assign_coords({f: ds[f].compute() for f in layout.SITE_META_FIELDS if f in ds.coords})
+        ds.attrs = {"run": self.name}
         return ds.isel({layout.STEP_DIM: slice(0, self.recorded_steps_completed)})
 
     def site_table(self) -> pd.DataFrame:
