@@ -205,7 +205,8 @@ class DataConfig:
     """Successors per token; the corpus entropy grows with it (ln(vocab) is no structure)."""
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.seed) and self.seed >= 0, "data.seed", self.seed, "a whole number >= 0")
+        _require(_is_int(self.seed) and 0 <= self.seed < 2**63, "data.seed", self.seed,
+                 "a whole number from 0 to 2**63 - 1")
         _positive("data.branching", self.branching)
 
 
@@ -391,7 +392,7 @@ class RunConfig:
         object.__setattr__(self, "checkpoint_format", _enum(CheckpointFormat, self.checkpoint_format,
                                                             "checkpoint_format"))
         _require(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
-        _require(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a whole number >= 0")
+        _require(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "a whole number from 0 to 2**63 - 1")
         for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
             _positive(name, getattr(self, name))
         _require(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint_every",
@@ -581,7 +582,10 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:  # TOML is UTF-8
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                          "a TOML config is UTF-8") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
 

@@ -181,6 +181,20 @@ def test_ls_and_compare_escape_run_names(runs, tmp_path: Path, capsys: pytest.Ca
     assert "\x1b" not in out and "\nred" not in out and "a vs evil\\x1b[31m\\nred" in out, out
 
 
+def test_check_and_anomalies_escape_run_and_site_names(runs, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    evil = write_synthetic_run(tmp_path / "evil", steps=8, sites=12, seed=1, diverge_at=(3, 5))
+    update_manifest(evil, name=EVIL)
+    assert main(["check", str(evil), "--golden", str(runs[0])]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "\x1b" not in out and "evil\\x1b[31m\\nred" in out, out
+    starts = ("golden check", "  ", "identical", "the runs", "environments")
+    assert all(line.startswith(starts) for line in out.splitlines()), out  # no name started a line
+    main(["anomalies", str(evil)])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.startswith("evil\\x1b[31m\\nred: "), out
+
+
 def test_progress_lines_escape_the_message_but_keep_their_own_control() -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -201,3 +215,11 @@ def test_the_error_line_escapes_control_characters(tmp_path: Path, capsys: pytes
     assert main(["anomalies", "RUN", "--window", "\x1b[2J"]) == 2
     err = _one_line_error(capsys)
     assert "\x1b" not in err and "\\x1b[2J" in err, err
+
+
+@pytest.mark.parametrize("name, extra", [("r.docx", []), ("report", []), ("r.html", ["--format", "pdf"])])
+def test_a_report_is_written_only_as_what_its_name_says(runs, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       capsys: pytest.CaptureFixture[str], name: str,
+                                                       extra: list[str]) -> None:
+    assert main(["report", str(runs[0]), "-o", str(tmp_path / name), *extra]) == 2
+    assert "report" in _one_line_error(capsys) and not (tmp_path / name).exists()

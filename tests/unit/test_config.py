@@ -124,3 +124,21 @@ def test_nondeterminism_sources_are_switched_by_name_and_checked() -> None:
         RunConfig.from_dict({"name": "x", "deterministic": False, "nondeterminism": {"splitk_gemm": "yes"}})
     RunConfig.from_dict({"name": "x", "deterministic": True, "nondeterminism": {"splitk_gemm": False}})  # fine
     RunConfig.from_dict({"name": "x", "layout": {"dp": 3}, "global_batch_size": 12, "eval": {"every": 0}})
+
+
+def test_a_config_that_is_not_utf8_is_one_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+        load_run_config(path)
+
+
+@pytest.mark.parametrize("field", ["seed", "data.seed"])
+def test_a_seed_beyond_63_bits_is_refused_before_anything_runs(tmp_path: Path, field: str) -> None:
+    path = tmp_path / "seed.toml"
+    line = f"seed = {2**64}\n" if field == "seed" else f"[data]\nseed = {2**64}\n"
+    path.write_text('name = "s"\n' + line)
+    with pytest.raises(ConfigError, match=r"2\*\*63 - 1"):
+        load_run_config(path)
+    path.write_text('name = "s"\n' + line.replace(str(2**64), str(2**63 - 1)))
+    assert load_run_config(path).name == "s"

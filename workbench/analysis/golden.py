@@ -14,6 +14,7 @@ statistics is defined once, in ``workbench.analysis.tolerance``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,17 +53,18 @@ class GoldenCheck:
     def passed(self) -> bool:
         return not self.differences
 
-    def summary(self, limit: int = 20) -> str:
+    def summary(self, limit: int = 20, *, escape: Callable[[str], str] = str) -> str:
+        """What ``workbench check`` prints; run, site and scalar names pass through ``escape``."""
         mode = self.mode or ("bitwise" if self.rtol is None else f"rtol {self.rtol:g} of each quantity's own scale")
-        scalars = ", ".join(self.scalars)
+        scalars = escape(", ".join(self.scalars))
         checked = f"{self.sites} sites" + (f" and {scalars}" if scalars else "") if self.sites else scalars
-        head = (f"golden check ({mode}) of {self.run} against {self.golden}: {len(self.steps)} steps x "
-                f"{checked or 'nothing'}: ")
-        notes = [f"  note: {n}" for n in self.notes]
+        head = (f"golden check ({mode}) of {escape(self.run)} against {escape(self.golden)}: {len(self.steps)} "
+                f"steps x {checked or 'nothing'}: ")
+        notes = [f"  note: {escape(n)}" for n in self.notes]
         if self.passed:
             return "\n".join([head + "PASSED", *notes])
         lines = [head + f"FAILED, {len(self.differences)} differences", *notes]
-        lines += [f"  step {d.step}: {d.site}: {d.detail}" for d in self.differences[:limit]]
+        lines += [f"  step {d.step}: {escape(d.site)}: {escape(d.detail)}" for d in self.differences[:limit]]
         if len(self.differences) > limit:
             lines.append(f"  ... and {len(self.differences) - limit} more")
         return "\n".join(lines)

@@ -19,6 +19,7 @@ lost or misplaced state shows orders of magnitude above it; ``FLOOR_FACTOR`` is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,12 +76,14 @@ class ResumeCheck:
         """Within the noise floor where there is one, else bitwise identical: what ``resume-check`` exits 0 on."""
         return bool(self.within_floor) if self.floor is not None else self.identical
 
-    def summary(self) -> str:
-        head = (f"resume check of {self.resumed} (resumed at step {self.from_step}) against {self.reference}: "
+    def summary(self, *, escape: Callable[[str], str] = str) -> str:
+        """What ``workbench resume-check`` prints; run and site names pass through ``escape``."""
+        head = (f"resume check of {escape(self.resumed)} (resumed at step {self.from_step}) against "
+                f"{escape(self.reference)}: "
                 f"steps {self.steps[0]}..{self.steps[-1]} ({len(self.steps)} recorded) x {self.sites} sites: ")
         if self.identical:
             return head + "bitwise identical"
-        text = head + (f"first differs at step {self.first_step}, site {self.first_site} "
+        text = head + (f"first differs at step {self.first_step}, site {escape(str(self.first_site))} "
                        f"({self.differing_sites} sites differ at that step)")
         if self.gaps:
             step = max(self.gaps, key=lambda s: self.gaps[s])  # type: ignore[index]
@@ -88,7 +91,8 @@ class ResumeCheck:
         ratio = self.floor_ratio
         if ratio is not None:
             verdict = "within" if ratio <= FLOOR_FACTOR else "above"
-            text += (f"; at most {ratio:.2f} x the noise floor ({self.floor} vs {self.reference}, the layouts' own "
+            text += (f"; at most {ratio:.2f} x the noise floor ({escape(str(self.floor))} vs {escape(self.reference)}, "
+                     f"the layouts' own "
                      f"distance): {verdict} the floor (margin {FLOOR_FACTOR:g} x)")
         return text
 

@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from workbench.cli._common import ProgressPrinter, prefixed, writable_file
+from workbench.cli._common import ProgressPrinter, prefixed, terminal_safe, writable_file
 from workbench.errors import ArgumentError
 
 FIGURES = ("heatmap", "pairs", "trajectories", "ladder", "sources", "cost")
@@ -88,7 +88,13 @@ def _report(args: argparse.Namespace) -> int:
     from workbench.studies.report import write_report
     from workbench.studies.workspace import Workspace
 
-    fmt = args.format or ("pdf" if args.output.suffix.lower() == ".pdf" else "html")
+    suffix = args.output.suffix.lower()
+    if suffix not in (".html", ".htm", ".pdf"):  # an HTML file named .docx is not what was asked for
+        raise ArgumentError(f"report: {terminal_safe(str(args.output))}: a report is .html or .pdf, not "
+                            f"{terminal_safe(suffix) or 'a file without a suffix'}")
+    fmt = args.format or ("pdf" if suffix == ".pdf" else "html")
+    if fmt != ("pdf" if suffix == ".pdf" else "html"):
+        raise ArgumentError(f"report: --format {fmt} and a {suffix} file disagree")
     printer = ProgressPrinter()
     start = time.monotonic()
     path = write_report(Workspace.open(*args.runs), args.output, fmt=fmt, progress=prefixed(printer, "report: "))

@@ -101,7 +101,7 @@ def _check(args: argparse.Namespace) -> int:
         reference = open_run(args.golden)
         check = golden_check(run.records(), reference.records(), steps=args.steps, rtol=args.rtol)
         theirs = reference.manifest.runtime
-    print(check.summary())
+    print(check.summary(escape=terminal_safe))
     if theirs is not None:  # Megatron-LM's files say nothing of where they were made
         facts = environment.difference(run.manifest.runtime, theirs)
         print(terminal_safe(facts.summary(bitwise_check=args.rtol is None and not check.passed,
@@ -164,7 +164,7 @@ def _resume_check(args: argparse.Namespace) -> int:
 
     check = check_resumed_run(open_run(args.resumed), open_run(args.reference), from_step=args.from_step,
                               floor=open_run(args.floor) if args.floor is not None else None)
-    print(check.summary())
+    print(check.summary(escape=terminal_safe))
     return 0 if check.passed else 1
 
 
@@ -191,17 +191,20 @@ def _anomalies(args: argparse.Namespace) -> int:
     if args.follow:
         from workbench.investigate.watch import watch_anomalies
 
-        print(f"{run.name}: following the run ({run.status}); new anomalies appear as its steps are written")
+        name = terminal_safe(run.name)
+        print(f"{name}: following the run ({run.status}); new anomalies appear as its steps are written")
         found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
-            f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}", flush=True))
-        print(f"{run.name}: {_count(len(found))}; the run is {open_run(args.run).status}")
+            terminal_safe(f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}"), flush=True))
+        print(f"{name}: {_count(len(found))}; the run is {open_run(args.run).status}")
         return 1 if len(found) else 0
     found = find_anomalies(run.scalars, run.records_or_none(), rules)  # scalars alone without site records
     if found.empty:
-        print(f"{run.name}: no anomalies in {len(run.scalars)} steps")
+        print(f"{terminal_safe(run.name)}: no anomalies in {len(run.scalars)} steps")
         return 0
-    print(f"{run.name}: {_count(len(found))}")
-    print(found.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"{terminal_safe(run.name)}: {_count(len(found))}")
+    # names from the store (run, site, detail): no control character reaches the terminal
+    shown = found.map(lambda v: terminal_safe(v) if isinstance(v, str) else v)
+    print(shown.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     return 1
 
 
