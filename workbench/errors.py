@@ -62,6 +62,15 @@ class NoSitesError(WorkbenchError, LookupError):
     """A run has no per-site records (recording was off, or it stopped before the first flush)."""
 
 
+class NotRecordedYetError(NoSitesError):
+    """A run that is starting or running has not written its first recorded step yet: not bad input; the
+    command line says so and exits ``NOT_YET`` (75, sysexits' EX_TEMPFAIL: try again later)."""
+
+
+NOT_YET = 75
+"""The command line's exit status for a run that has not recorded yet."""
+
+
 class ExportError(WorkbenchError, RuntimeError):
     """A figure could not be exported: no browser for static images, or the browser failed to render it."""
 

@@ -223,3 +223,27 @@ def test_a_report_is_written_only_as_what_its_name_says(runs, tmp_path: Path,  #
                                                        extra: list[str]) -> None:
     assert main(["report", str(runs[0]), "-o", str(tmp_path / name), *extra]) == 2
     assert "report" in _one_line_error(capsys) and not (tmp_path / name).exists()
+
+
+def test_a_run_that_has_not_recorded_yet_is_not_bad_input(runs, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from workbench.errors import NOT_YET
+    from workbench.store.writer import create_store
+
+    starting = tmp_path / "starting"  # created by a launcher that is alive (this process), no step written
+    create_store(starting, {"run_id": "s", "name": "starting", "producer": "test",
+                            "launcher": {"host": socket.gethostname(), "pid": os.getpid()}}, 40)
+    assert main(["compare", str(starting), str(runs[0])]) == NOT_YET
+    err = capsys.readouterr().err
+    assert err.startswith("workbench: not yet: ") and "has not written its first recorded step yet (0/40" in err
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stopped = tmp_path / "stopped"  # its launcher is gone: interrupted before recording, which is bad input
+    create_store(stopped, {"run_id": "t", "name": "stopped", "producer": "test",
+                           "launcher": {"host": socket.gethostname(), "pid": int(gone.stdout)}}, 40)
+    assert main(["compare", str(stopped), str(runs[0])]) == 2
+    assert "has no per-site records" in _one_line_error(capsys)

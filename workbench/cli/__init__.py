@@ -37,7 +37,7 @@ import sys
 
 from workbench.cli import figures, importing, investigating, reading, stores, training
 from workbench.cli._common import Parser, ProgressPrinter, terminal_safe
-from workbench.errors import LaunchError, WorkbenchError
+from workbench.errors import NOT_YET, LaunchError, NotRecordedYetError, WorkbenchError
 
 __all__ = ["ProgressPrinter", "build_parser", "main", "terminal_safe"]
 
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(terminal_safe(line) for line in [f"workbench: run failed: {lines[0]}", *lines[1:]]),
               file=sys.stderr)
         return 1
+    except NotRecordedYetError as err:  # a healthy run, early: not bad input
+        print(f"workbench: not yet: {terminal_safe(str(err))}", file=sys.stderr)
+        return NOT_YET
     except WorkbenchError as err:
         print(f"workbench: error: {terminal_safe(str(err))}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ from workbench.errors import (
     ForeignRunError,
     NoSitesError,
     NotARunError,
+    NotRecordedYetError,
     RunNotFoundError,
     SchemaVersionError,
     WorkbenchError,
@@ -172,6 +173,11 @@ class Run:
         rows are read afresh each time)."""
         if self._sites is None:
             if not self.has_sites:
+                status = self.status
+                if status in (layout.Status.CREATED, layout.Status.RUNNING):
+                    raise NotRecordedYetError(f"{self.path}: run {self.name!r} is {status} and has not written its "
+                                              f"first recorded step yet ({self.steps_completed}/{self.steps_planned} "
+                                              "steps); try again once it has (`workbench ls` shows its progress)")
                 raise NoSitesError(f"{self.path}: run {self.name!r} has no per-site records (record.enabled = "
                                    "false, or it ended before its first recorded step was written)")
             group = layout.subgroup(zarr.open_group(self._store, mode="r"), layout.SITES_GROUP)
