@@ -10,6 +10,7 @@ through this module:
     check_megatron_checkpoint(folder)  the same, and Megatron's ``metadata.json`` and common state
     check_checkpoint_folder(folder)    every file under a folder that some loader would unpickle
     read_json_object(path, fields)     a JSON object whose fields have the types asked for
+    strict_json(path)                  any JSON file: bounded in size and depth, no NaN literal, no key twice
 
 ``torch.distributed.checkpoint`` reads ``.metadata`` with a plain ``pickle.load``, and every entry that file
 calls bytes with ``torch.load(weights_only=False)``. So ``check_dcp_metadata`` reads ``.metadata`` first with
@@ -80,6 +81,42 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+JSON_MAX_BYTES = 256 << 20
+"""The largest JSON file the workbench reads (a golden file of a million steps of four metrics is ~100 MB)."""
+
+
+class JsonRefused(ValueError):
+    """Strict JSON refused a text: the reason, in words."""
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonRefused(f"the literal {name} is not JSON (write null, or a string where a format defines one)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JsonRefused(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def strict_json(path: str | Path, *, max_bytes: int = JSON_MAX_BYTES) -> Any:
+    """The JSON value in ``path``, strictly: at most ``max_bytes``, no NaN or Infinity literals, no key twice in
+    an object, nesting within Python's recursion limit. Raises ``JsonRefused`` (a ``ValueError``) with the
+    reason, ``UnicodeDecodeError``, ``json.JSONDecodeError`` or ``OSError``; callers name the file."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise JsonRefused(f"{size:,} bytes, more than the {max_bytes:,} a JSON file may hold here")
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise JsonRefused("nested deeper than any file of its format") from None
+
+
 def read_json_object(path: str | Path, fields: Mapping[str, JsonField], *, others: bool = True,
                      damaged: type[WorkbenchError] = CheckpointError) -> dict[str, Any]:
     """The JSON object in ``path``, its ``fields`` checked; ``others=False`` refuses fields not named.
@@ -87,9 +124,11 @@ def read_json_object(path: str | Path, fields: Mapping[str, JsonField], *, other
     A missing, truncated or ill-typed file raises ``damaged`` in one line naming the file and the field."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json(path)
     except FileNotFoundError:
         raise damaged(f"{path}: missing; {_DAMAGED}") from None
+    except JsonRefused as err:
+        raise damaged(f"{path}: refused: {err}; {_DAMAGED}") from None
     except json.JSONDecodeError as err:
         raise damaged(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno}), so it is "
                       f"truncated or corrupt; {_DAMAGED}") from None

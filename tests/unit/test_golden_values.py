@@ -210,3 +210,30 @@ def test_megatron_tensorboard_scalars_become_a_run(tmp_path: Path, capsys: pytes
     assert cli(["import-megatron", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert cli(["import-megatron", str(tmp_path / "absent"), "--out", str(tmp_path / "x")]) == 2
     assert "no 'lm loss' scalar" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"lm loss": {"start_step": 1, "end_step": 2, "step_interval": 1, "values": {"1": NaN, "2": 1.0}}}',
+     "the literal NaN is not JSON"),
+    ('{"lm loss": {"start_step": 1, "end_step": 1, "step_interval": 1, "values": {"1": Infinity}}}',
+     "the literal Infinity"),
+    ('{"lm loss": {"start_step": 1, "end_step": 1, "step_interval": 1, "values": {"1": 2.0, "1": 3.0}}}',
+     "the key '1' appears twice"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper"),
+])
+def test_a_golden_file_is_read_strictly(tmp_path: Path, text: str, reason: str) -> None:
+    path = tmp_path / "golden.json"
+    path.write_text(text)
+    with pytest.raises(GoldenFileError, match=reason):  # a WorkbenchError: one line and exit 2 at the command line
+        read_golden_values(path)
+
+
+def test_a_golden_file_larger_than_any_real_one_is_refused_before_it_is_read(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench import untrusted
+
+    path = tmp_path / "golden.json"
+    path.write_text('{"lm loss": {"start_step": 1, "end_step": 1, "step_interval": 1, "values": {"1": 2.0}}}')
+    monkeypatch.setattr(untrusted.strict_json, "__kwdefaults__", {"max_bytes": 32})
+    with pytest.raises(GoldenFileError, match="more than the 32 a JSON file may hold"):
+        read_golden_values(path)

@@ -42,6 +42,7 @@ import pandas as pd
 from workbench.analysis.golden import Difference, GoldenCheck, scalar_check
 from workbench.errors import ArgumentError, GoldenFileError
 from workbench.statistics import FINGERPRINT_VERSION
+from workbench.untrusted import JsonRefused, strict_json
 
 WORKBENCH_FORMAT = "workbench-golden-values"
 MEGATRON_METRICS: dict[str, str] = {"lm loss": "loss", "grad-norm": "grad_norm", "learning-rate": "lr",
@@ -164,7 +165,9 @@ def read_golden_values(path: str | os.PathLike[str]) -> GoldenValues:
     if not path.is_file():
         raise GoldenFileError(f"{path}: no such golden-values file")
     try:
-        data = json.loads(path.read_text())
+        data = strict_json(path)  # bounded; Megatron's own NaN is the string "nan", never the literal
+    except JsonRefused as err:
+        raise GoldenFileError(f"{path}: refused: {err}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise GoldenFileError(f"{path}: not JSON ({err}); expected Megatron-LM's golden_values_*.json format "
                               f"or a {WORKBENCH_FORMAT!r} file (`workbench golden RUN --out FILE`)") from None

@@ -155,8 +155,8 @@ def save(paths: RunPaths, step: int, *, params: list[tuple[str, torch.Tensor]], 
     _agree(directory, _attempt(lambda: _write_state(directory, step, rank, params=params, optimizer=optimizer,
                                                     scheduler=scheduler, megatron=megatron), directory))
     # meta.json last, after every rank's files: a checkpoint without it is incomplete and never loaded
-    _agree(directory, _attempt(lambda: (directory / CHECKPOINT_META).write_text(json.dumps({"step": step, **meta},
-                                                                                      indent=1)), directory)
+    text = json.dumps({"step": step, **meta}, indent=1, allow_nan=False)  # strict JSON: what its reader accepts
+    _agree(directory, _attempt(lambda: (directory / CHECKPOINT_META).write_text(text), directory)
            if rank == 0 else None)
     return directory
 
