@@ -395,6 +395,8 @@ class RunConfig:
         _require(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "a whole number from 0 to 2**63 - 1")
         for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
             _positive(name, getattr(self, name))
+        _require(self.steps <= MAX_STEPS, "steps", self.steps,
+                 f"at most {MAX_STEPS:,} (a run's store holds a row per step; Megatron's longest runs take ~10**6)")
         _require(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint_every",
                  self.checkpoint_every, "a whole number >= 0 (0 = no checkpoints)")
         m, lay = self.model, self.layout
@@ -574,6 +576,10 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str, source: str) -> A
         raise ConfigError(f"{source}: {err}") from None
     except TypeError as err:
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'}: {err}") from None
+
+
+MAX_STEPS = 10**8
+"""The most steps a run config may plan."""
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -142,3 +142,10 @@ def test_a_seed_beyond_63_bits_is_refused_before_anything_runs(tmp_path: Path, f
         load_run_config(path)
     path.write_text('name = "s"\n' + line.replace(str(2**64), str(2**63 - 1)))
     assert load_run_config(path).name == "s"
+
+
+def test_a_run_of_more_steps_than_a_store_can_plan_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "long.toml"
+    path.write_text(f'name = "long"\nsteps = {10**12}\n')
+    with pytest.raises(ConfigError, match="steps = 1000000000000.*at most 100,000,000"):
+        load_run_config(path)

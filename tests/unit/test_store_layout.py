@@ -269,3 +269,22 @@ def test_a_store_read_through_fsspec_reads_as_the_local_one(tmp_path: Path) -> N
         open_run(f"memory:/{prefix}/elsewhere")
     with pytest.raises(ArgumentError, match="a store read through fsspec is upgraded where it lies as a folder"):
         upgrade_plan(remote_a)
+
+
+def test_a_store_that_fails_while_it_is_built_leaves_no_staging_folder(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.store import writer
+
+    made: list[str] = []
+    real = writer._array
+
+    def full_disk(group, name, **spec):  # type: ignore[no-untyped-def]
+        made.append(name)
+        if len(made) == 3:
+            raise OSError(28, "No space left on device")
+        return real(group, name, **spec)
+
+    monkeypatch.setattr(writer, "_array", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        create_store(tmp_path / "run", {"run_id": "r", "name": "r", "producer": "test"}, 64)
+    assert list((tmp_path / "run").iterdir()) == []  # neither a store nor a .run.zarr.creating-PID folder

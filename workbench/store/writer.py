@@ -37,6 +37,16 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int, *,
     paths = layout.RunPaths(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(run_dir, paths.store)
+    try:
+        _build_store(staging, manifest, steps, schema_version)
+    except BaseException:  # a full disk, an interrupt: no staging folder is left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    move_into_place(staging, paths.store)
+    return zarr.open_group(paths.store, mode="r+")
+
+
+def _build_store(staging: Path, manifest: Mapping[str, Any], steps: int, schema_version: int) -> None:
     root = zarr.open_group(staging, mode="w", zarr_format=3)
     root.attrs.update({"kind": layout.STORE_KIND, "schema_version": schema_version, "steps_planned": steps,
                        layout.EVERY_CHUNK_WRITTEN: True, **manifest})
@@ -45,15 +55,15 @@ def create_store(run_dir: Path, manifest: Mapping[str, Any], steps: int, *,
     chunks = (min(layout.STEP_CHUNK, steps),)
     step = _array(scalars, layout.STEP_DIM, shape=(steps,), chunks=chunks, dtype="int64",
                                 dimension_names=dims)
-    step[:] = np.arange(steps, dtype=np.int64)
+    for start in range(0, steps, chunks[0] * 1024):  # a chunk's worth of memory at a time, not the whole column
+        stop = min(steps, start + chunks[0] * 1024)
+        step[start:stop] = np.arange(start, stop, dtype=np.int64)
     for name, dtype in layout.SCALAR_FIELDS.items():
         fill = np.nan if dtype.startswith("float") else 0
         _array(scalars, name, shape=(steps,), chunks=chunks, dtype=dtype, fill_value=fill,
                              dimension_names=dims)
     _array(scalars, layout.DONE_FIELD, shape=(steps,), chunks=chunks, dtype="int8", fill_value=0,
                          dimension_names=dims)
-    move_into_place(staging, paths.store)
-    return zarr.open_group(paths.store, mode="r+")
 
 
 def _array(group: zarr.Group, name: str, **spec: Any) -> zarr.Array:
