@@ -288,3 +288,28 @@ def test_a_store_that_fails_while_it_is_built_leaves_no_staging_folder(tmp_path:
     with pytest.raises(OSError, match="No space left"):
         create_store(tmp_path / "run", {"run_id": "r", "name": "r", "producer": "test"}, 64)
     assert list((tmp_path / "run").iterdir()) == []  # neither a store nor a .run.zarr.creating-PID folder
+
+
+def test_a_store_is_a_closed_world(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+    from workbench.errors import UntrustedFileError
+
+    a = write_synthetic_run(tmp_path / "a", steps=STEPS, sites=SITES, seed=4)
+    b = write_synthetic_run(tmp_path / "b", steps=STEPS, sites=SITES, seed=5)
+    chunk = Path("sites") / "fingerprint" / "c" / "0" / "0"
+    mine = layout.RunPaths(a).store / chunk
+    mine.unlink()
+    mine.symlink_to(layout.RunPaths(b).store / chunk)  # a valid chunk, of another store
+    with pytest.raises(UntrustedFileError, match=f"{mine}: a link to .*outside the run store"):
+        open_run(a)
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "outside the run store" in err
+    mine.unlink()
+    copy = layout.RunPaths(a).store / "fingerprint-copy"
+    copy.write_bytes((layout.RunPaths(b).store / chunk).read_bytes())
+    mine.symlink_to(copy)  # a link that stays inside the store is read
+    assert open_run(a).fingerprints().shape == (STEPS, SITES)
+    linked = tmp_path / "elsewhere"
+    linked.symlink_to(b, target_is_directory=True)  # the run folder itself reached through a link
+    assert open_run(linked).name == "b"

@@ -33,6 +33,7 @@ from workbench.errors import (
     NotRecordedYetError,
     RunNotFoundError,
     SchemaVersionError,
+    UntrustedFileError,
     WorkbenchError,
 )
 from workbench.store import layout
@@ -482,12 +483,31 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         raise NotARunError(f"{path}: not a run store (no {layout.STORE_DIR}/ with a zarr.json inside); "
                            "pass a run folder made by `workbench run`")
     _check_store(layout.RunPaths(run_dir).store, str(path))
+    _closed_world(layout.RunPaths(run_dir).store)
     if not (layout.RunPaths(run_dir).store / layout.SCALARS_GROUP / "zarr.json").is_file():
         raise DamagedStoreError(f"{path}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
                                 "created by its producer (try again in a moment) or it is damaged")
     run = Run(run_dir)
     _ = run.manifest  # every manifest field checked once, here, before any verb reads one
     return run
+
+
+def _closed_world(store: Path) -> None:
+    """Refuse a store in which a symbolic link leads outside it: every file a reader opens lies inside the
+    store (the store itself may be reached through links). One ``os.scandir`` pass over its entries."""
+    root = store.resolve()
+    pending = [store]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    target = Path(entry.path).resolve()
+                    if not target.is_relative_to(root):
+                        raise UntrustedFileError(f"{entry.path}: a link to {target}, outside the run store "
+                                                 f"{store}; a store reads only its own files (copy the file in)")
+                    continue  # a link inside the store: its target is walked where it lies
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
 
 
 def _check_store(store: str | Path, shown: str) -> zarr.Group:
