@@ -91,6 +91,25 @@ def test_newer_schema_is_refused(synthetic_run: Path) -> None:
         open_run(synthetic_run)
 
 
+def test_derived_runs_live_in_their_parent_and_are_listed_under_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+    from workbench.store.reader import derived_runs, find_runs
+    from workbench.studies.workspace import Workspace
+
+    a, b = write_synthetic_run(tmp_path / "a", name="a"), write_synthetic_run(tmp_path / "b", name="b")
+    replay = write_synthetic_run(tmp_path / "a" / "replays" / "step_000003", name="a-replay-3")
+    bisected = write_synthetic_run(tmp_path / "a" / "bisect" / "a-vs-b" / "b", name="b-replay-3")
+    assert find_runs(tmp_path) == [a, b] and list(list_runs(tmp_path)["name"]) == ["a", "b"]
+    assert find_runs(tmp_path, derived=True) == [a, bisected, replay, b]
+    assert derived_runs(a) == [bisected, replay] and derived_runs(b) == []
+    assert sorted(Workspace.open(tmp_path).runs) == ["a", "b"]  # the widgets and notebooks see what ls lists
+    assert main(["ls", str(tmp_path)]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[:3] if row[0] == "└" else row[:1] for row in rows] == [
+        ["a"], ["└", "b-replay-3", "(bisect/a-vs-b/b)"], ["└", "a-replay-3", "(replays/step_000003)"], ["b"]]
+
+
 def test_list_runs(tmp_path: Path) -> None:
     write_synthetic_run(tmp_path / "study" / "a", name="a")
     write_synthetic_run(tmp_path / "study" / "b", name="b", written=3, status=None)

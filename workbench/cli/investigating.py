@@ -44,7 +44,7 @@ def _add_bisect(verbs: argparse._SubParsersAction) -> None:
     bis.add_argument("--step", type=whole(0), default=None, metavar="K",
                      help="bisect this step (default: the first divergent one)")
     bis.add_argument("--out", type=writable_dir, default=None, help="folder for the replays and the report "
-                     "(default: A's folder's bisect/A-vs-B)")
+                     "(default: bisect/A-vs-B inside A's run folder)")
     bis.add_argument("--overwrite", action="store_true", help="replace earlier replays in --out")
     bis.add_argument("--json", action="store_true", help="print the result as JSON")
     bis.set_defaults(func=_bisect)

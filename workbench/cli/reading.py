@@ -24,15 +24,27 @@ def _add_ls(verbs: argparse._SubParsersAction) -> None:
 
 
 def _ls(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from workbench.store.reader import list_runs
 
-    table = list_runs(args.directory, on_skip=lambda path, err: print(
-        terminal_safe(f"workbench: skipped {path}: {err}"), file=sys.stderr))
+    def skipped(path: Path, err: Exception) -> None:
+        print(terminal_safe(f"workbench: skipped {path}: {err}"), file=sys.stderr)
+
+    table = list_runs(args.directory, on_skip=skipped)
     if table.empty:
         print(terminal_safe(f"no runs under {args.directory}"))
         return 0
-    table = table.drop(columns=["path"]).map(lambda cell: terminal_safe(cell) if isinstance(cell, str) else cell)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    rows = []  # each run, then the runs derived from it (replays, bisections), indented under it
+    for _, row in table.iterrows():
+        rows.append(row)
+        derived = list_runs(row["path"], on_skip=skipped, derived=True)
+        for _, child in derived[derived["path"] != row["path"]].iterrows():
+            child["name"] = f"  └ {child['name']} ({Path(child['path']).relative_to(row['path']).as_posix()})"
+            rows.append(child)
+    shown = pd.DataFrame(rows, columns=table.columns).drop(columns=["path"])
+    shown = shown.map(lambda cell: terminal_safe(cell) if isinstance(cell, str) else cell)
+    print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}", justify="left"))
     return 0
 
 

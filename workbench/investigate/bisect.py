@@ -79,7 +79,8 @@ class Bisect:
 
 
 def default_bisect_dir(a: Run, b: Run) -> Path:
-    return a.path.parent / "bisect" / f"{a.name}-vs-{b.name}"
+    """Inside the reference's run folder, beside its replays: derived runs are never among the runs."""
+    return a.path / "bisect" / f"{a.name}-vs-{b.name}"
 
 
 def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, out: str | Path | None = None,

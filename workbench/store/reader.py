@@ -549,8 +549,10 @@ def _open_url(url: str) -> Run:
     return run
 
 
-def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
-    """Run folders under ``directory`` (any depth), sorted by path."""
+def find_runs(directory: str | os.PathLike[str], *, derived: bool = False) -> list[Path]:
+    """Run folders under ``directory`` (any depth), sorted by path. A run's derived runs (its replays,
+    ``RUN/replays/step_K``, and bisections, ``RUN/bisect/A-vs-B``) live inside its folder: listed only with
+    ``derived`` (``derived_runs`` lists one run's)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise RunNotFoundError(f"{directory}: no such directory")
@@ -560,7 +562,14 @@ def find_runs(directory: str | os.PathLike[str]) -> list[Path]:
             subfolders.remove(layout.STORE_DIR)
             if (Path(folder) / layout.STORE_DIR / "zarr.json").is_file():
                 found.append(Path(folder))
+                if not derived:
+                    subfolders.clear()  # what lies inside a run folder is derived from it
     return sorted(found)
+
+
+def derived_runs(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The runs derived from the run in ``run_dir`` (replays, bisections), which live inside its folder."""
+    return [f for f in find_runs(run_dir, derived=True) if f != Path(run_dir)]
 
 
 RUN_TABLE_COLUMNS = ["name", "run_id", "config", "steps", "status", "final_loss", "path"]
@@ -578,11 +587,12 @@ def _row(run: Run) -> list[Any]:
 
 
 def list_runs(directory: str | os.PathLike[str],
-              on_skip: Callable[[Path, WorkbenchError], None] | None = None) -> pd.DataFrame:
-    """One row per run under ``directory`` (``run_table``). Folders that are not readable runs are
-    skipped, each handed to ``on_skip`` with the reason."""
+              on_skip: Callable[[Path, WorkbenchError], None] | None = None, *, derived: bool = False) -> pd.DataFrame:
+    """One row per run under ``directory`` (``run_table``; with ``derived``, the runs derived from them too:
+    ``find_runs``). Folders that are not readable runs are skipped, each handed to ``on_skip`` with the
+    reason."""
     rows = []
-    for run_dir in find_runs(directory):
+    for run_dir in find_runs(directory, derived=derived):
         try:
             rows.append(_row(open_run(run_dir)))
         except WorkbenchError as err:
