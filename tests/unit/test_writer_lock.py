@@ -107,3 +107,46 @@ def test_the_lock_file_names_its_holder_and_survives_its_release(tmp_path: Path)
         text = (tmp_path / "run" / LOCK_FILE).read_text()
         assert '"writer": "record() (user loop)"' in text and f'"pid": {os.getpid()}' in text
     assert (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_a_writer_of_this_process_holds_its_folder_again_and_only_the_outer_hold_lets_go(tmp_path: Path) -> None:
+    """A replay holds its folder and launches the run, which takes the same lock: nested holds, one process."""
+    outer = acquire(tmp_path / "run", writer="workbench replay")
+    inner = acquire(tmp_path / "run", writer="workbench run --resume")
+    inner.release()
+    inner.release()  # twice is once
+    assert not _free_for_another_process(tmp_path / "run")  # the outer hold still keeps others out
+    outer.release()
+    assert _free_for_another_process(tmp_path / "run")
+
+
+def _try(run_dir: str, result: str) -> None:
+    try:
+        acquire(run_dir, writer="probe").release()
+        Path(result).write_text("free")
+    except RunFolderBusy:
+        Path(result).write_text("busy")
+
+
+def _free_for_another_process(run_dir: Path) -> bool:
+    result = run_dir.parent / "probe.txt"
+    result.unlink(missing_ok=True)
+    probe = SPAWN.Process(target=_try, args=(str(run_dir), str(result)))
+    probe.start()
+    probe.join(timeout=120)
+    return result.read_text() == "free"
+
+
+def test_an_import_into_a_folder_another_process_writes_is_refused_before_it_writes(tmp_path: Path) -> None:
+    from workbench.importers import import_te_log
+
+    holder = SPAWN.Process(target=_hold, args=(str(tmp_path / "run"), str(tmp_path / "ready")))
+    holder.start()
+    try:
+        _wait_for(tmp_path / "ready")
+        with pytest.raises(RunFolderBusy, match="is being written by workbench run"):
+            import_te_log(Path(__file__).parents[2] / "data" / "examples" / "te_debug", tmp_path / "run")
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]  # nothing written
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(timeout=120)

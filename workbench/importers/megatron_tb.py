@@ -27,6 +27,7 @@ from workbench.importers.tensorboard import _require_tensorboard
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, new_run_id, store_attributes
 from workbench.store.writer import ScalarWriter, create_store, set_status
+from workbench.store.writer_lock import holding
 
 FORMAT = "megatron-lm tensorboard"
 TENSORBOARD_METRICS = {**MEGATRON_METRICS, "lm loss validation": "val_loss"}
@@ -55,6 +56,7 @@ def read_megatron_scalars(logdir: str | os.PathLike[str]) -> tuple[dict[str, dic
     return values, [t for t in tags if t not in TENSORBOARD_METRICS]
 
 
+@holding("workbench import-megatron", "run_dir")
 def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | os.PathLike[str], *,
                                 name: str | None = None, tokens_per_step: int | None = None) -> Path:
     """Write a run store (scalars only) from Megatron-LM's TensorBoard logs in ``logdir``; returns its folder."""

@@ -56,6 +56,7 @@ from workbench.errors import ImportFormatError, LogNotFoundError
 from workbench.importers.table import long_table, row_keys, write_run_from_table
 from workbench.sites import SITE_KINDS, split_site, strip_wrappers
 from workbench.store.records import RunRecords
+from workbench.store.writer_lock import holding
 
 FORMAT = "transformer_engine_debug_log"
 TE_LOG_DIR = "nvdlfw_inspect_statistics_logs"
@@ -219,6 +220,7 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, list[str]]:
     return table, skipped
 
 
+@holding("workbench import-te", "run_dir")
 def import_te_log(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], run_dir: str | Path, *,
                   name: str | None = None) -> Path:
     """Write a run store at ``run_dir`` from TE debug logs; returns the run folder.

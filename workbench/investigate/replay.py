@@ -32,6 +32,7 @@ from workbench.store import layout
 from workbench.store.manifest import runner_manifest
 from workbench.store.reader import Run, open_run
 from workbench.store.writer import create_store, update_manifest
+from workbench.store.writer_lock import LOCK_FILE, writing
 from workbench.untrusted import check_checkpoint_folder
 
 
@@ -78,15 +79,20 @@ def default_replay_dir(run: Run, step: int) -> Path:
     return run.path / "replays" / f"step_{step:06d}"
 
 
-def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> None:
-    """Refuse a folder that holds anything but an earlier replay; remove an earlier replay if asked."""
+def _check_replay_place(run_dir: Path, original: Run) -> None:
+    """Refuse a folder that is the original run's or one around it, or a file."""
     target, source = run_dir.resolve(), original.path.resolve()
     if target == source or target in source.parents:
         raise ArgumentError(f"{run_dir}: a replay cannot be written over or around the run it replays "
                           f"({original.path}); choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
         raise ArgumentError(f"{run_dir} is a file; --out names the replay's folder")
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+
+
+def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> None:
+    """Refuse a folder that holds anything but an earlier replay; remove an earlier replay if asked (the
+    folder's lock, held by this replay, stays)."""
+    if not run_dir.exists() or not any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         return
     existing = layout.resolve_run_dir(run_dir)
     if existing is None or open_run(existing).manifest.replay is None:
@@ -95,7 +101,9 @@ def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> No
     if not overwrite:
         raise ArgumentError(f"{run_dir} already holds a replay; pass --overwrite to replace it or --out to "
                           "choose another folder")
-    shutil.rmtree(run_dir)
+    for entry in run_dir.iterdir():
+        if entry.name != LOCK_FILE:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, trace: bool = False,
@@ -118,20 +126,22 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
         check_checkpoint_folder(original.paths.checkpoint(checkpoint))
     from_step = checkpoint if checkpoint is not None else 0
     run_dir = Path(out) if out is not None else default_replay_dir(original, step)
-    _check_replay_folder(run_dir, original, overwrite=overwrite)
-    replay_cfg = replay_config(cfg, step=step, from_step=from_step)
-    paths = layout.RunPaths(run_dir)
-    if checkpoint is not None:
-        create_store(run_dir, runner_manifest(replay_cfg), replay_cfg.steps)
-        shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
-    # The manifest says "replay" before any rank starts, so a replay that fails is never taken for a run.
-    facts = {"of": str(original.path), "of_run_id": original.run_id, "step": step, "from_step": from_step,
-             "from_checkpoint": checkpoint is not None, "traced": trace}
-    started = time.perf_counter()
-    launch(replay_cfg, run_dir, resume=checkpoint is not None, stop_after=step + 1, progress=progress,
-           trace_step=step if trace else None, manifest={"replay": facts})
-    seconds = time.perf_counter() - started
-    update_manifest(run_dir, replay={**facts, "seconds": seconds})
+    _check_replay_place(run_dir, original)
+    with writing(run_dir, writer="workbench replay"):  # held through the launch, which takes it again
+        _check_replay_folder(run_dir, original, overwrite=overwrite)
+        replay_cfg = replay_config(cfg, step=step, from_step=from_step)
+        paths = layout.RunPaths(run_dir)
+        if checkpoint is not None:
+            create_store(run_dir, runner_manifest(replay_cfg), replay_cfg.steps)
+            shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
+        # The manifest says "replay" before any rank starts, so a replay that fails is never taken for a run.
+        facts = {"of": str(original.path), "of_run_id": original.run_id, "step": step, "from_step": from_step,
+                 "from_checkpoint": checkpoint is not None, "traced": trace}
+        started = time.perf_counter()
+        launch(replay_cfg, run_dir, resume=checkpoint is not None, stop_after=step + 1, progress=progress,
+               trace_step=step if trace else None, manifest={"replay": facts})
+        seconds = time.perf_counter() - started
+        update_manifest(run_dir, replay={**facts, "seconds": seconds})
     return Replay(original=original.path, run_dir=run_dir, step=step, from_step=from_step,
                   from_checkpoint=checkpoint is not None, seconds=seconds,
                   check=_checked(original, open_run(run_dir), from_step=from_step, step=step))

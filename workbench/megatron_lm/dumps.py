@@ -78,6 +78,7 @@ from workbench.statistics import PRECISION_LIMITS, assemble, pack_fingerprints
 from workbench.store import layout
 from workbench.store.manifest import ParallelLayout, RunManifest, new_run_id, store_attributes
 from workbench.store.writer import SiteInfo, create_sites_group, create_store, set_status, write_site_rows
+from workbench.store.writer_lock import holding
 from workbench.untrusted import SkippedObject, load_torch_tensors
 
 DUMP_KINDS: tuple[str, ...] = ("params", "activations", "dgrads", "wgrads")
@@ -351,6 +352,7 @@ def _position(kind: str, name: str, index: int) -> tuple[int, int]:
 # -- the import ---------------------------------------------------------------------------------------------------
 
 
+@holding("workbench import-megatron-dumps", "run_dir")
 def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: str | None = None,
                           ep: int | None = None, sequence_parallel: bool = False, precision: str | None = None,
                           router_traces: str | Path | None = None, experts: int | None = None,

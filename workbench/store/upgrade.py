@@ -34,6 +34,7 @@ from workbench.store.writer import (
     staging_folder,
     update_manifest,
 )
+from workbench.store.writer_lock import holding
 
 _BLOCK = 8 * layout.SITE_STEP_CHUNK
 """Recorded steps copied at once (whole shards of the new layout)."""
@@ -82,6 +83,7 @@ def upgrade_plan(run: Run) -> UpgradePlan:
     return UpgradePlan(run.path, version, size, shutil.disk_usage(run.path).free)
 
 
+@holding("workbench upgrade", "path")
 def upgrade_store(path: str | Path, *, progress: Callable[[str], None] | None = None) -> UpgradePlan:
     """Upgrade the run store at ``path`` in place (see the module docstring); its plan, as carried out."""
     run = open_run(path)

@@ -1,6 +1,7 @@
-"""One writer per run folder: whoever writes a run (``workbench run``, ``--resume``, ``record(...)`` in a user's
-job, Megatron-LM's ``pretrain()`` under the launcher) holds the folder's lock for as long as it writes; a second
-writer is refused in one line, naming the holder, before it writes anything.
+"""One writer per run folder: whoever writes a run (``workbench run``, ``--resume``, ``sweep`` and ``demo``,
+``replay`` and ``bisect``, ``upgrade``, every ``import-*`` verb, ``record(...)`` in a user's job, Megatron-LM's
+``pretrain()`` under the launcher) holds the folder's lock for as long as it writes; a second writer is refused
+in one line, naming the holder, before it writes anything.
 
 The lock is the operating system's (``flock`` on ``RUN/writer.lock``), so it is released when its process dies,
 however it dies: a killed writer never blocks the next. The file stays, holding the last holder's description.
@@ -15,16 +16,21 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import inspect
 import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from workbench.errors import ArgumentError
 from workbench.store import layout
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 LOCK_FILE = "writer.lock"
 """In the run folder, beside ``run.zarr``."""
@@ -42,14 +48,33 @@ def _inside_a_store(run_dir: Path) -> Path | None:
     return None
 
 
+_HELD: dict[Path, int] = {}
+"""The run folders this process holds, with how many of its writers hold each (a replay holds its folder and
+launches the run, which takes it again): a writer of this process never refuses another of the same process."""
+
+
 class WriterLock:
     """The held lock of one run folder; ``release`` (or the process's end) lets the next writer in."""
 
-    def __init__(self, run_dir: Path, handle: int) -> None:
+    def __init__(self, run_dir: Path, handle: int | None) -> None:
         self.run_dir = run_dir
-        self._handle: int | None = handle
+        self._handle = handle
+        """None for a hold nested in another of this process."""
+        self._held = True
 
-    def release(self) -> None:
+    def release(self, *, remove_folder: bool = False) -> None:
+        """Let the next writer in; with ``remove_folder``, first remove the folder if it holds nothing but the
+        lock (a writer that made the folder and failed before writing gives it back)."""
+        if not self._held:
+            return
+        if remove_folder and self._handle is not None and _HELD[self.run_dir] == 1 and \
+                [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            (self.run_dir / LOCK_FILE).unlink()  # while held: a writer waiting on it takes the next file
+            self.run_dir.rmdir()
+        self._held = False
+        _HELD[self.run_dir] -= 1
+        if _HELD[self.run_dir] == 0:
+            del _HELD[self.run_dir]
         if self._handle is not None:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             os.close(self._handle)
@@ -62,30 +87,47 @@ def acquire(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = 
     ``RunFolderBusy`` names the holder when another process has it; ``ArgumentError`` if ``run_dir`` lies inside
     a run store, or its filesystem cannot lock."""
     folder = Path(run_dir).absolute()
+    if folder in _HELD:  # this process writes it already: the same writer, one step further in
+        _HELD[folder] += 1
+        return WriterLock(folder, None)
     store = _inside_a_store(folder)
     if store is not None:
         raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
                             "a folder outside every run.zarr")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise ArgumentError(f"{folder}: cannot create its writer's lock ({err.strerror or err})") from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        holder = _holder(handle)
-        os.close(handle)
-        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise RunFolderBusy(f"{folder} is being written by {holder}: one writer per run folder; wait for it "
-                                "to end, or write another folder") from None
-        raise ArgumentError(f"{folder}: its filesystem cannot lock {LOCK_FILE} ({err.strerror or err}), so a "
-                            "second writer could not be kept out; write the run on a local disk, or mount with "
-                            "flock") from None
+    while True:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ArgumentError(f"{folder}: cannot create its writer's lock ({err.strerror or err})") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _holder(handle)
+            os.close(handle)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise RunFolderBusy(f"{folder} is being written by {holder}: one writer per run folder; wait for "
+                                    "it to end, or write another folder") from None
+            raise ArgumentError(f"{folder}: its filesystem cannot lock {LOCK_FILE} ({err.strerror or err}), so a "
+                                "second writer could not be kept out; write the run on a local disk, or mount "
+                                "with flock") from None
+        if _still_the_lock_file(folder, handle):
+            break
+        os.close(handle)  # its holder removed it as we took it (an empty folder given back): take the new one
     os.ftruncate(handle, 0)
     os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
                                  "rank": rank, "since": time.time()}).encode())
+    _HELD[folder] = 1
     return WriterLock(folder, handle)
+
+
+def _still_the_lock_file(folder: Path, handle: int) -> bool:
+    """Whether ``handle`` is still the file at ``folder/LOCK_FILE`` (a writer that gives back a folder it made
+    removes the file while it holds it)."""
+    try:
+        return os.stat(folder / LOCK_FILE).st_ino == os.fstat(handle).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _holder(handle: int) -> str:
@@ -102,9 +144,33 @@ def _holder(handle: int) -> str:
 
 @contextmanager
 def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None) -> Iterator[WriterLock]:
-    """``acquire``, released at the end of the block."""
+    """``acquire``, released at the end of the block; a folder the lock made is removed again if the block fails
+    before writing anything into it."""
+    made = not Path(run_dir).exists()
     lock = acquire(run_dir, writer=writer, rank=rank)
+    failed = True
     try:
         yield lock
+        failed = False
     finally:
-        lock.release()
+        lock.release(remove_folder=made and failed)
+
+
+def holding(writer: str, folder: str) -> Callable[[F], F]:
+    """Decorate a function that writes the run folder passed as its argument ``folder``: it runs holding that
+    folder's lock as ``writer`` (an importer, ``upgrade``)."""
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def holds(*args: Any, **kwargs: Any) -> Any:
+            run_dir = Path(signature.bind(*args, **kwargs).arguments[folder])
+            if run_dir.name == layout.STORE_DIR:  # a store named for its folder
+                run_dir = run_dir.parent
+            with writing(run_dir, writer=writer):
+                return function(*args, **kwargs)
+
+        return holds  # type: ignore[return-value]
+
+    return decorate
