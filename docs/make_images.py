@@ -2,7 +2,7 @@
 
     python docs/make_images.py          # after `make demo`; writes docs/images/heatmap.png and bisect.png
 
-docs/images/explorer.png is the screenshot the browser test saves
+docs/images/explorer.png is the screenshot the browser test saves, after it clicks a heatmap cell
 (build/test-artifacts/explorer-in-jupyterlab.png) after driving the explorer in JupyterLab.
 bisect.png reads the operation traces the demo's investigation left in data/runs/demo/fault/bisect.
 """

@@ -217,7 +217,7 @@ def test_the_error_line_escapes_control_characters(tmp_path: Path, capsys: pytes
     assert "\x1b" not in err and "\\x1b[2J" in err, err
 
 
-@pytest.mark.parametrize("name, extra", [("r.docx", []), ("report", []), ("r.html", ["--format", "pdf"])])
+@pytest.mark.parametrize("name, extra", [("r.docx", []), ("r.html", ["--format", "pdf"])])
 def test_a_report_is_written_only_as_what_its_name_says(runs, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                        capsys: pytest.CaptureFixture[str], name: str,
                                                        extra: list[str]) -> None:

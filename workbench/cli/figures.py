@@ -89,11 +89,11 @@ def _report(args: argparse.Namespace) -> int:
     from workbench.studies.workspace import Workspace
 
     suffix = args.output.suffix.lower()
-    if suffix not in (".html", ".htm", ".pdf"):  # an HTML file named .docx is not what was asked for
-        raise ArgumentError(f"report: {terminal_safe(str(args.output))}: a report is .html or .pdf, not "
-                            f"{terminal_safe(suffix) or 'a file without a suffix'}")
+    if suffix not in ("", ".html", ".htm", ".pdf"):  # an HTML file named .docx is not what was asked for
+        raise ArgumentError(f"report: {terminal_safe(str(args.output))}: a report is .html or .pdf (or a name "
+                            f"without a suffix, with --format), not {terminal_safe(suffix)}")
     fmt = args.format or ("pdf" if suffix == ".pdf" else "html")
-    if fmt != ("pdf" if suffix == ".pdf" else "html"):
+    if suffix and fmt != ("pdf" if suffix == ".pdf" else "html"):
         raise ArgumentError(f"report: --format {fmt} and a {suffix} file disagree")
     printer = ProgressPrinter()
     start = time.monotonic()
