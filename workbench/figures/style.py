@@ -66,10 +66,8 @@ LEGEND_ENTRY_PX = 22
 
 def legend_entries(fig: go.Figure) -> int:
     """The entries of ``fig``'s legend: its named traces shown there, one per legend group."""
-    if fig.layout.showlegend is False:
-        return 0
-    groups = {t.legendgroup or id(t) for t in fig.data if t.showlegend is not False and t.name}
-    return len(groups) if len(fig.data) > 1 or fig.layout.showlegend else 0
+    shown = fig.layout.showlegend if fig.layout.showlegend is not None else len(fig.data) > 1  # plotly's default
+    return len({t.legendgroup or id(t) for t in fig.data if t.showlegend is not False and t.name}) if shown else 0
 
 
 def legend_height(fig: go.Figure) -> int:

@@ -221,8 +221,8 @@ class DivergenceExplorer(WorkbenchWidget):
             figure = divergence_heatmap(result, self.stat.value, matrix=matrix.loc[rows],
                                         provenance=provenance)
         show(self.heatmap, figure)
-        # every trace: a click near the frontier or the first-divergence marker lands on that trace, not the
-        # heatmap's (plotly gives a heatmap cell the largest hover distance); their points are (step, site) too
+        # every trace: plotly's widget may report a heatmap cell's click under another trace's index (the browser
+        # test's click was never heard by the heatmap's own handler), and every trace's points are (step, site)
         for trace in self.heatmap.data:
             trace.on_click(self._on_click)
         self._list_sites(rows, result.frontier, low, high)
