@@ -29,13 +29,19 @@ ARGS = ("--distributed-backend gloo --tensor-model-parallel-size 2 --num-layers 
         "--no-bias-gelu-fusion --no-bias-dropout-fusion --no-masked-softmax-fusion --no-persist-layer-norm "
         "--no-rope-fusion --attention-dropout 0.0 --hidden-dropout 0.0").split()
 
+DP2 = tuple(a for a in " ".join(ARGS).replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 1")
+            .replace("--clip-grad 0.0", "--clip-grad 1.0").split())
+"""Two data-parallel replicas (TP=1 on two ranks), gradients clipped at 1.0 (Megatron's optimizer on the CPU)."""
+ZERO1 = ("--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather")
+"""What large runs pass: the distributed optimizer, overlapped gradient reduction and parameter gathering."""
 
-def _pretrain(root: Path, name: str, flip: str | None = None) -> Path:
+
+def _pretrain(root: Path, name: str, flip: str | None = None, args: tuple[str, ...] = ARGS) -> Path:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if flip:
         env["WORKBENCH_TEST_FLIP"] = flip
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "workbench.megatron_lm", str(ENTRY), *ARGS, "--data-cache-path",
+                             "-m", "workbench.megatron_lm", str(ENTRY), *args, "--data-cache-path",
                              str(root / "cache" / name), "--workbench-run", str(root / name)],
                             capture_output=True, text=True, timeout=900, env=env, cwd=root)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
@@ -47,13 +53,14 @@ class Pretrained:
     for one on each older megatron-core)."""
 
     FLIPS = {"flip": "2:decoder.layers.1.mlp"}
+    ARGS = {"dp2": DP2, "zero1": (*DP2, *ZERO1)}
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def __truediv__(self, name: str) -> Path:
         if not (self.root / name).exists():
-            _pretrain(self.root, name, flip=self.FLIPS.get(name))
+            _pretrain(self.root, name, flip=self.FLIPS.get(name), args=self.ARGS.get(name, ARGS))
         return self.root / name
 
 
@@ -84,6 +91,22 @@ def test_two_pretrain_runs_are_bitwise_identical(pretrained: Pretrained) -> None
 def test_a_one_bit_change_in_pretrain_is_found_at_its_step_and_layer(pretrained: Pretrained) -> None:
     result = compare(open_run(pretrained / "a").records(), open_run(pretrained / "flip").records())
     assert (result.first_step, result.first_site) == (2, "act:layers.1.mlp")
+
+
+def test_pretrain_with_the_distributed_optimizer_and_overlap_is_recorded_like_the_plain_optimizer(
+        pretrained: Pretrained) -> None:
+    zero1, plain = open_run(pretrained / "zero1"), open_run(pretrained / "dp2")
+    assert zero1.manifest.user_config is not None and zero1.manifest.layout.dp == 2
+    assert all(zero1.manifest.user_config[flag] for flag in ("use_distributed_optimizer", "overlap_grad_reduce",
+                                                             "overlap_param_gather"))
+    assert zero1.status == "complete" and "kinds_missing" not in zero1.attrs
+    assert set(zero1.site_table()["kind"]) == set(plain.site_table()["kind"]) == {
+        "param", "act", "act_grad", "grad", "loss", "exp_avg", "exp_avg_sq", "update"}
+    sharded, whole = zero1.fingerprints(), plain.fingerprints()
+    first = [c for c in whole.columns if c.split(":")[0] in ("param", "grad", "act", "loss")]
+    assert list(sharded.columns) == list(whole.columns) and len(first) >= 70
+    assert sharded.loc[0, first].equals(whole.loc[0, first])  # the same gradients, reduced in shards
+    assert zero1.scalars["grad_norm"].notna().all()  # clipped at 1.0 on the CPU
 
 
 def test_the_launcher_refuses_a_call_without_its_run_folder(tmp_path: Path) -> None:

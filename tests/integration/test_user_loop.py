@@ -108,12 +108,12 @@ def test_the_readme_snippet_is_the_tested_loop() -> None:
     json.dumps(snippet.group(1))  # the snippet is text, not a template
 
 
-def test_the_distributed_optimizer_is_refused_at_record_in_one_line(tmp_path: Path) -> None:
-    result = train_user_loop(tmp_path / "zero1", "--ddp", "use_distributed_optimizer", ok=False)
+def test_the_distributed_optimizer_not_handed_to_record_is_refused_in_one_line(tmp_path: Path) -> None:
+    result = train_user_loop(tmp_path / "zero1", "--ddp", "use_distributed_optimizer", "--no-optimizer", ok=False)
     refusals = [line.split("ArgumentError: ", 1)[1] for line in result.stderr.splitlines()
                 if "workbench.errors.ArgumentError: " in line]
     assert result.returncode != 0 and refusals, result.stderr[-3000:]  # torchrun stops the other rank at the first
-    assert refusals[0].startswith("record() cannot yet record Megatron's distributed optimizer "
+    assert refusals[0].startswith("record() needs the optimizer under Megatron's distributed optimizer "
                                   "(use_distributed_optimizer): ") and refusals[0].endswith("nothing was written")
     assert not (tmp_path / "zero1").exists()  # refused before anything was written
 

@@ -25,6 +25,15 @@ megatron-core 0.17+); ``--micro-batches`` sets their number (a dump keeps the la
 ``--ddp FIELD`` turns on a switch of Megatron DDP's ``DistributedDataParallelConfig`` (repeatable):
 ``overlap_grad_reduce``, ``use_distributed_optimizer``. ``--kinds KIND,...`` records those site kinds.
 
+``--optimizer megatron`` trains with Megatron's own optimizer (``get_megatron_optimizer``: Adam, gradient clipping
+at 1.0, the distributed optimizer when ``--ddp use_distributed_optimizer``), on the CPU through ``cpu_compat``;
+``--bucket-size N`` sets Megatron DDP's bucket size (small buckets: a distributed optimizer's shards split
+parameters mid-row). ``--expect FILE`` makes rank 0 save, at every step, the full tensors the recorder's
+``param``, ``grad`` and ``update`` sites must match, taken by the loop itself: the parameters as the first forward
+used them (gathered by then, under ``overlap_param_gather`` too), the fully reduced gradients (each bucket's
+reduced shards gathered from every data-parallel rank, by Megatron DDP's own even split of the bucket) and the
+updated parameters (gathered likewise) minus those.
+
 ``--against REF`` records with a live reference (``record(..., against=REF)``, flushing every
 ``--flush-every`` steps, ``--keep-going``); a ``RunDiverged`` ends the process with exit code 3 and the
 departure on stdout, on every rank.
@@ -73,6 +82,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--megatron-dumps", default=None, help="SAVE: Megatron-LM's tensor dumps, every step")
     parser.add_argument("--micro-batches", type=int, default=2)
     parser.add_argument("--kinds", default=None, help="KIND,KIND,...: the site kinds to record, if not the default")
+    parser.add_argument("--optimizer", choices=("torch", "megatron"), default="torch")
+    parser.add_argument("--bucket-size", type=int, default=None)
+    parser.add_argument("--expect", default=None, help="FILE: the full tensors each step's sites must match")
     parser.add_argument("--ddp", action="append", default=[], metavar="FIELD",
                         help="a DistributedDataParallelConfig switch to turn on (overlap_grad_reduce, ...)")
     return parser.parse_args()
@@ -122,6 +134,55 @@ class MegatronDumps:
             if getattr(param, attribute, None) is not None:
                 state["model_chunk0"][name] = getattr(param, attribute).cpu()
         save_grads(self.save, state, step + 1, label)
+
+
+class Expected:
+    """The full tensors of ``--expect``, taken by the loop itself (rank 0 saves them)."""
+
+    def __init__(self, path: str, model: DistributedDataParallel, lm: torch.nn.Module) -> None:
+        from workbench.recorder.targets import site_names
+
+        self.path, self.model = path, model
+        names = site_names(lm)
+        self.params = [(names(name), param) for name, param in lm.named_parameters()]
+        self.steps: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+        self.step = -1
+        lm.register_forward_hook(self._forward_done)
+
+    def _forward_done(self, module: torch.nn.Module, args: object, output: object) -> None:
+        if self.step >= 0 and "param" not in self.steps.setdefault(self.step, {}):  # the step's first forward
+            self.steps[self.step]["param"] = {name: param.detach().clone() for name, param in self.params}
+
+    def _gathered(self, attribute: str) -> dict[str, torch.Tensor]:
+        """Each parameter's full ``main_grad`` or ``data``: under the distributed optimizer each bucket's shards
+        (Megatron DDP's even split) gathered from every data-parallel rank, else the rank's own."""
+        ddp = self.model.ddp_config
+        full: dict[int, torch.Tensor] = {}
+        if ddp.use_distributed_optimizer:
+            group = parallel_state.get_data_parallel_group()
+            size, rank = dist.get_world_size(group), dist.get_rank(group)
+            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+                for bucket in buffer.buckets:
+                    data = bucket.grad_data if attribute == "main_grad" else bucket.param_data
+                    gathered = torch.empty_like(data)
+                    dist.all_gather_into_tensor(gathered, data.view(size, -1)[rank].contiguous(), group=group)
+                    for param in bucket.params:
+                        tensor = getattr(param, attribute)
+                        start = (tensor.data_ptr() - data.data_ptr()) // tensor.element_size()
+                        full[id(param)] = gathered[start:start + tensor.numel()].view(tensor.shape).clone()
+        return {name: full.get(id(param), getattr(param, attribute).detach()).clone() for name, param in self.params}
+
+    def gradients(self) -> None:
+        self.steps[self.step]["grad"] = self._gathered("main_grad")
+
+    def updated(self) -> None:
+        after = self._gathered("data")
+        before = self.steps[self.step]["param"]
+        self.steps[self.step]["update"] = {name: after[name].float() - before[name].float() for name in after}
+
+    def save(self) -> None:
+        if dist.get_rank() == 0:
+            torch.save(self.steps, self.path)
 
 
 def batches(step: int, rank_seed: int, count: int) -> list[torch.Tensor]:
@@ -177,9 +238,17 @@ def main() -> None:
     else:
         lm = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
                       max_sequence_length=SEQ, **stages)
-    model = DistributedDataParallel(config=config, module=lm,
-                                    ddp_config=DistributedDataParallelConfig(**dict.fromkeys(args.ddp, True)))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ddp_config = DistributedDataParallelConfig(**dict.fromkeys(args.ddp, True), bucket_size=args.bucket_size)
+    model = DistributedDataParallel(config=config, module=lm, ddp_config=ddp_config)
+    if args.optimizer == "megatron":
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=1e-3, clip_grad=1.0, use_distributed_optimizer=ddp_config.use_distributed_optimizer),
+            [model])
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    expected = Expected(args.expect, model, lm) if args.expect else None
     forward_backward_func = get_forward_backward_func()
     position_ids = torch.arange(SEQ)[None].expand(MICRO_BATCH, SEQ)
     attention_mask = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)[None, None]
@@ -219,6 +288,8 @@ def main() -> None:
         for step in range(steps):
             with run.step(step):
                 current_step[0] = step
+                if expected:
+                    expected.step = step
                 if step == args.raise_at:
                     raise RuntimeError(f"the loop failed at step {step}")
                 model.zero_grad_buffer()
@@ -234,9 +305,15 @@ def main() -> None:
                 finalize_model_grads([model])
                 if dumps:
                     dumps.tensors("main_grad", "wgrads", step)
-                for p in model.parameters():
-                    p.grad = p.main_grad
+                if expected:
+                    expected.gradients()
+                if args.optimizer == "torch":
+                    for p in model.parameters():
+                        p.grad = p.main_grad
                 optimizer.step()
+                if expected:
+                    expected.updated()
+                    expected.step = -1  # the held-out loss's forward is not the step's
                 if dumps:
                     dumps.tensors("data", "params", step)
                 loss = sum(float(x["lm loss"]) for x in losses) / MICRO_BATCHES if losses else None
@@ -248,6 +325,8 @@ def main() -> None:
                             model=[model], num_microbatches=MICRO_BATCHES, seq_length=SEQ,
                             micro_batch_size=MICRO_BATCH, forward_only=True)
                     run.log(val_loss=sum(float(x["lm loss"]) for x in held_out) / MICRO_BATCHES if held_out else None)
+    if expected:
+        expected.save()
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 

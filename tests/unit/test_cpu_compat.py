@@ -27,6 +27,12 @@ assert torch.equal(a, b)
 state = torch.cuda.get_rng_state(); c = torch.rand(2); torch.cuda.set_rng_state(state)
 assert torch.equal(c, torch.rand(2))
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+# Megatron's optimizers check the CUDA type names (clip_grads, Float16OptimizerWithFloat16Params, the distributed
+# optimizer): a tensor's type() reads as on a GPU; a conversion by name stays a conversion.
+assert torch.ones(2).type() == "torch.cuda.FloatTensor"
+assert torch.ones(2, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+assert torch.nn.Parameter(torch.ones(2, dtype=torch.float16)).type() == "torch.cuda.HalfTensor"
+assert torch.ones(2).type(torch.float64).dtype == torch.float64
 print("ok")
 """
 

@@ -38,21 +38,43 @@ def test_a_plain_ddp_chunk_and_megatrons_fp32_optimizer_are_recordable() -> None
     assert refusal([chunk(overlap_grad_reduce=True)], None) is None
 
 
-@pytest.mark.parametrize("chunks, optimizer", [
-    ([chunk(use_distributed_optimizer=True)], None),  # the buffers reduce-scatter, whatever optimizer is passed
-    ([chunk()], bare(DistributedOptimizer)),
-    ([chunk()], SimpleNamespace(wrapped=bare(DistributedOptimizer))),  # under the runner's adapter
-], ids=["ddp-config", "optimizer", "wrapped"])
-def test_the_distributed_optimizer_is_refused_in_one_line(chunks: list[Any], optimizer: Any) -> None:
-    why = refusal(chunks, optimizer)
+def sharding(cls: type = DistributedOptimizer) -> Any:
+    """Megatron's distributed optimizer as the recorder reads it: its shard map (empty here)."""
+    optimizer = bare(cls)
+    optimizer.model_param_gbuf_map = {}
+    return optimizer
+
+
+def chained(*parts: Any) -> Any:
+    optimizer = bare(ChainedOptimizer)
+    optimizer.chained_optimizers = list(parts)
+    return optimizer
+
+
+@pytest.mark.parametrize("optimizer", [
+    sharding(),
+    SimpleNamespace(wrapped=sharding()),  # under the runner's adapter
+    chained(bare(FP32Optimizer), sharding()),  # Megatron's ChainedOptimizer (dense and expert parts)
+], ids=["optimizer", "wrapped", "chained"])
+def test_the_distributed_optimizer_is_recordable_when_record_is_handed_it(optimizer: Any) -> None:
+    assert refusal([chunk(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)],
+                   optimizer) is None
+
+
+@pytest.mark.parametrize("optimizer", [None, bare(FP32Optimizer), torch.optim.Adam([torch.zeros(1)])],
+                         ids=["none", "another", "torch"])
+def test_the_distributed_optimizer_not_handed_to_record_is_refused_in_one_line(optimizer: Any) -> None:
+    why = refusal([chunk(use_distributed_optimizer=True)], optimizer)  # the buffers reduce-scatter
     assert why is not None and "\n" not in why
-    assert "distributed optimizer (use_distributed_optimizer)" in why and "nothing was written" in why
+    assert "needs the optimizer" in why and "(use_distributed_optimizer)" in why and "nothing was written" in why
 
 
-def test_a_distributed_optimizer_inside_megatrons_chained_optimizer_is_refused() -> None:
-    chained = bare(ChainedOptimizer)
-    chained.chained_optimizers = [bare(FP32Optimizer), bare(DistributedOptimizer)]
-    assert "distributed optimizer" in (refusal([chunk()], chained) or "")
+def test_a_distributed_optimizer_without_megatrons_shard_map_is_refused() -> None:
+    class LayerWiseDistributedOptimizer:  # shards by another rule: which part this rank reduced is not known
+        pass
+
+    why = refusal([chunk()], chained(bare(FP32Optimizer), LayerWiseDistributedOptimizer()))
+    assert why is not None and "cannot record LayerWiseDistributedOptimizer" in why and "\n" not in why
 
 
 @pytest.mark.parametrize("chunks, named", [
@@ -92,6 +114,6 @@ def test_grad_local_is_recorded_where_it_is_read_before_any_reduction(chunks: li
 def test_the_recorder_refuses_before_it_hooks_anything(tmp_path: Any) -> None:
     model = torch.nn.Linear(2, 2)
     wrapped = SimpleNamespace(ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=True), module=model)
-    with pytest.raises(ArgumentError, match="distributed optimizer"):
+    with pytest.raises(ArgumentError, match="needs the optimizer under Megatron's distributed optimizer"):
         Recorder([wrapped], run_dir=tmp_path / "run", total_steps=2)  # type: ignore[list-item]
     assert not model._forward_hooks and not model._forward_pre_hooks and not (tmp_path / "run").exists()

@@ -17,8 +17,9 @@ sites, and their ``_initialize_distributed`` has no ``skip_model_parallel_init``
 * ``training.py:1117`` warms up fused kernels with ``torch.compile`` on CUDA tensors: skipped (on the CPU it
   compiles C++ for ~15 s of start-up and changes nothing of the training).
 
-Not covered: ``--clip-grad`` > 0 and ``--bf16``/``--fp16`` (Megatron's optimizer asserts CUDA tensor type
-names), the distributed optimizer.
+Megatron's optimizer checks CUDA tensor type names (clipping, ``--bf16``/``--fp16``, the distributed optimizer):
+``cpu_compat`` answers them, so ``--clip-grad``, ``--use-distributed-optimizer``, ``--overlap-grad-reduce`` and
+``--overlap-param-gather`` train on the CPU too.
 """
 
 from __future__ import annotations

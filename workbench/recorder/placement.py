@@ -117,3 +117,37 @@ def token_placement(shape: tuple[int, ...], *, sample_offset: int, global_batch:
     return Placement(full_shape=(global_batch, seq), dims=(0, 1), offsets=(sample_offset, 0),
                      contributes=tp_rank == 0)
 
+
+
+Box = tuple[slice, ...]
+"""A block of a local tensor, one slice per dimension."""
+
+
+def flat_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[Box, int, int]]:
+    """The elements ``[start, stop)`` of a tensor of ``shape`` in row-major order (a distributed optimizer's shard of
+    a parameter) as blocks of whole rows each: ``(slices, first, end)`` per block, its elements being ``[first, end)``
+    of the flat order. A 2-D shard is at most a part row, whole rows, a part row; an n-D one at most 2n - 1."""
+    if start >= stop:
+        return []
+    if not shape:
+        return [((), start, stop)]
+    row = 1
+    for size in shape[1:]:
+        row *= size
+    rest = tuple(slice(0, size) for size in shape[1:])
+    if start % row == 0 and stop % row == 0:
+        return [((slice(start // row, stop // row), *rest), start, stop)]
+    first, last = start // row, (stop - 1) // row
+    if first == last:
+        inner = flat_boxes(shape[1:], start - first * row, stop - first * row)
+        return [((slice(first, first + 1), *box), first * row + a, first * row + b) for box, a, b in inner]
+    head_end, tail_start = -(-start // row) * row, stop // row * row  # the whole rows between
+    return (flat_boxes(shape, start, head_end) + flat_boxes(shape, head_end, tail_start)
+            + flat_boxes(shape, tail_start, stop))
+
+
+def box_placement(placement: Placement, box: Box) -> Placement:
+    """The placement of a block of a local tensor whose own placement is ``placement``."""
+    return Placement(full_shape=placement.full_shape, dims=placement.dims,
+                     offsets=tuple(offset + part.start for offset, part in zip(placement.offsets, box)),
+                     contributes=placement.contributes)

@@ -50,7 +50,7 @@ from workbench.recorder.registry import SiteRegistry
 from workbench.recorder.slots import Slots, Stopwatch
 from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
-from workbench.recorder.targets import ParallelRanks, all_gather_objects, parameter_targets
+from workbench.recorder.targets import ParallelRanks, all_gather_objects, owned_targets, parameter_targets
 from workbench.recorder.unrecordable import refusal, replicas, withheld
 from workbench.sites import SiteFilter, site_matcher
 from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
@@ -84,8 +84,9 @@ class Recorder:
         self._slots = Slots(self._registry, precision=precision, fused=self.record.compile,
                             snapshot_wanted=site_matcher(self.record.snapshot_sites))
         self._clock = Stopwatch()
-        self._parameters = ParameterSide(parameter_targets(chunks, ranks), slots=self._slots, kinds=kinds,
-                                         wanted=wanted)
+        targets = parameter_targets(chunks, ranks)
+        self._parameters = ParameterSide(targets, slots=self._slots, kinds=kinds, wanted=wanted,
+                                         owned=owned_targets(targets, ranks, optimizer))
         self._activations = ActivationSide(chunks, slots=self._slots, ranks=ranks, kinds=kinds,
                                            global_batch=global_batch_size or 0, clock=self._clock)
         self._begin = self._clock.timed(self._start)

@@ -49,8 +49,11 @@ class SiteRegistry:
         """The run's sites in execution order, once built."""
         self.index: dict[str, int] = {}
 
-    def register(self, kind: str, name: str, full_shape: tuple[int, ...], dtype: str) -> str | None:
-        """The site id if it is wanted (registering it on first sight), else None."""
+    def register(self, kind: str, name: str, full_shape: tuple[int, ...], dtype: str,
+                 position: int | None = None) -> str | None:
+        """The site id if it is wanted (registering it on first sight), else None. ``position``: where the site
+        stands among its kind's on this stage, if not where it was first seen (a parameter's place in the model:
+        under the distributed optimizer a rank sees only the parameters it holds a shard of)."""
         site = site_id(kind, name)
         if not self._wanted(site):
             return None
@@ -62,9 +65,10 @@ class SiteRegistry:
             expert = expert_of(name)
             # EP ranks see different experts at the same position: a layer's experts are ordered
             # by global index from the position where the first of them was seen.
-            block = self._seen if expert is None else \
-                self._expert_blocks.setdefault((kind, name.partition(".experts.")[0]), self._seen)
-            self._local[site] = LocalSite(kind, name, (SITE_KINDS.index(kind), stage, block, expert or 0, self._seen),
+            seen = self._seen if position is None else position
+            block = seen if expert is None else \
+                self._expert_blocks.setdefault((kind, name.partition(".experts.")[0]), seen)
+            self._local[site] = LocalSite(kind, name, (SITE_KINDS.index(kind), stage, block, expert or 0, seen),
                                           full_shape, dtype)
             self._seen += 1
         return site

@@ -10,7 +10,7 @@ snapshots); ``Stopwatch`` adds up the recorder's own time in a step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,12 +87,13 @@ class Slots:
         self.step, self.snapshotting, self.state = step, snapshots, StepState()
 
     def slot(self, kind: str, name: str, placement: Placement, tensor: torch.Tensor,
-             dtype: torch.dtype | None = None) -> Slot:
-        """The slot of ``name``'s ``kind`` site at ``placement`` (registering the site on first sight)."""
+             dtype: torch.dtype | None = None, position: int | None = None) -> Slot:
+        """The slot of ``name``'s ``kind`` site at ``placement`` (registering the site on first sight, at
+        ``position`` among its kind's if given: ``SiteRegistry.register``)."""
         slot = self._slots.get((kind, name, placement))
         if slot is None:
             site = self.registry.register(kind, name, placement.full_shape,
-                                          str(dtype or tensor.dtype).removeprefix("torch."))
+                                          str(dtype or tensor.dtype).removeprefix("torch."), position)
             recorded = site is not None and placement.contributes
             slot = self._slots[(kind, name, placement)] = Slot(
                 kind, name, site if recorded else None, placement, placement.coords(tensor.device), tensor.device,
@@ -119,11 +120,12 @@ class Slots:
         if slot.site is not None:
             self.accumulate(slot, tensor)
 
-    def record_many(self, entries: list[Entry]) -> None:
-        """Record each entry: the statistics of all of them in one kernel call."""
+    def record_many(self, entries: list[Entry], positions: Mapping[str, int] | None = None) -> None:
+        """Record each entry: the statistics of all of them in one kernel call (``positions``: each name's place
+        among its kind's sites, if not where it is first seen)."""
         items = []
         for kind, name, tensor, placement in entries:
-            slot = self.slot(kind, name, placement, tensor)
+            slot = self.slot(kind, name, placement, tensor, position=None if positions is None else positions[name])
             if slot.site is not None:
                 acc = self.accumulator(slot)
                 self.snapshot(slot, tensor)

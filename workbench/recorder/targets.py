@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.recorder.placement import Placement, parameter_placement
+from workbench.recorder.placement import Box, Placement, box_placement, flat_boxes, parameter_placement
 from workbench.sites import canonical_name, hybrid_name
 
 ACTIVATION_MODULES = re.compile(
@@ -118,6 +118,20 @@ class ParameterTarget:
     name: str
     param: torch.nn.Parameter
     placement: Placement
+    box: Box | None = None
+    """The block of the parameter this target is (a distributed optimizer's shard is one to three), None for all."""
+    shard: tuple[int, int] | None = None
+    """The block's elements in the flat shard this rank owns (its optimizer state's indices)."""
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This target's block of ``tensor`` (the parameter, its gradient, or state of the parameter's shape)."""
+        return tensor if self.box is None else tensor[self.box]
+
+    def of_shard(self, flat: torch.Tensor) -> torch.Tensor:
+        """This target's block of ``flat``, a tensor of the owned shard's elements (a distributed optimizer's state)."""
+        if self.shard is None or self.box is None:
+            return flat.view(self.param.shape)
+        return flat.view(-1)[self.shard[0]:self.shard[1]].view([part.stop - part.start for part in self.box])
 
 
 def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> list[ParameterTarget]:
@@ -131,6 +145,46 @@ def parameter_targets(chunks: list[torch.nn.Module], ranks: ParallelRanks) -> li
             placement = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=dp_rank)
             targets.append(ParameterTarget(name(local_name), param, placement))
     return targets
+
+
+def distributed_optimizers(optimizer: Any) -> list[Any]:
+    """The parts of ``optimizer`` that are Megatron's distributed optimizer (each keeps the shard of each
+    parameter that this data-parallel rank owns)."""
+    if optimizer is None:
+        return []
+    return [part for part in optimizers(optimizer) if hasattr(part, "_get_model_param_range_map")
+            and hasattr(part, "model_param_gbuf_map")]
+
+
+def owned_targets(targets: list[ParameterTarget], ranks: ParallelRanks, optimizer: Any) -> list[ParameterTarget]:
+    """The targets whose values this rank reads for ``param``, ``grad``, the moments and ``update``.
+
+    Under Megatron's distributed optimizer each data-parallel rank reduces, updates and holds the optimizer state
+    of its own flat range of each parameter only, and under ``overlap_param_gather`` the other ranks' ranges are
+    gathered during the next forward: each rank's targets are the blocks of its own range, counted by the rank
+    that holds them (the tensor-parallel replicas' rule stays). Otherwise the whole parameters, as ``targets``."""
+    parts = distributed_optimizers(optimizer)
+    if not parts:
+        return targets
+    owned = []
+    for target in targets:
+        param = target.param
+        found = None
+        for part in parts:
+            if param in part.model_param_gbuf_map:
+                try:
+                    found = part._get_model_param_range_map(param)["param"]
+                except KeyError:  # this rank owns none of it
+                    found = None
+                break
+        if found is None:
+            continue
+        tp_rank, tp_size = ranks.tensor_parallel(param)
+        base = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=0)
+        for box, first, end in flat_boxes(tuple(param.shape), int(found.start), int(found.end)):
+            owned.append(ParameterTarget(target.name, param, box_placement(base, box), box,
+                                         (first - int(found.start), end - int(found.start))))
+    return owned
 
 
 def activation_modules(chunks: list[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
@@ -170,28 +224,38 @@ def first_tensor(output: Any) -> torch.Tensor | None:
 
 def adam_moments(optimizer: Any, targets: list[ParameterTarget]) -> list[tuple[ParameterTarget, torch.Tensor,
                                                                                     torch.Tensor]]:
-    """(target, exp_avg, exp_avg_sq) for every parameter the optimizer has state for.
+    """(target, exp_avg, exp_avg_sq) for every parameter the optimizer has state for, each the target's block.
 
     Understands the workbench's CPU optimizer, the runner's adapter of Megatron's optimizer (``wrapped``),
-    Megatron's ``ChainedOptimizer`` (each of ``chained_optimizers``), its mixed-precision and fp32 optimizers
-    (through their fp32 master copies) and plain torch optimizers.
+    Megatron's ``ChainedOptimizer`` (each of ``chained_optimizers``), its distributed optimizer (the state of this
+    rank's shards), its mixed-precision and fp32 optimizers (through their fp32 master copies) and plain torch
+    optimizers.
     """
     if hasattr(optimizer, "moments"):
         by_name = {t.name: t for t in targets}
         return [(by_name[name], m, v) for name, m, v in optimizer.moments() if name in by_name]
     masters: dict[int, torch.Tensor] = {}
     states: list[Any] = []
+    sharded = distributed_optimizers(optimizer)
     for part in optimizers(optimizer):
+        if part in sharded:
+            continue
         for model_group, master_group in zip(getattr(part, "float16_groups", []),
                                              getattr(part, "fp32_from_float16_groups", [])):
             masters.update({id(p): m for p, m in zip(model_group, master_group)})
         states.append(getattr(getattr(part, "optimizer", part), "state", {}))
     found = []
     for target in targets:
+        owner = next((part for part in sharded if target.param in part.model_param_group_index_map), None)
+        if owner is not None:
+            entry = owner._get_main_param_and_optimizer_states(target.param)
+            if "exp_avg" in entry and "exp_avg_sq" in entry:
+                found.append((target, target.of_shard(entry["exp_avg"]), target.of_shard(entry["exp_avg_sq"])))
+            continue
         key = masters.get(id(target.param), target.param)
         entry = next((state[key] for state in states if key in state), None)
         if entry and "exp_avg" in entry and "exp_avg_sq" in entry:
-            found.append((target, entry["exp_avg"], entry["exp_avg_sq"]))
+            found.append((target, target.view(entry["exp_avg"]), target.view(entry["exp_avg_sq"])))
     return found
 
 

@@ -5,11 +5,10 @@ silent gap.
 
 Refused:
 
-* Megatron's distributed optimizer (``use_distributed_optimizer``, ZeRO-1): each DP rank reduces only its own
-  shard of the gradient buffer (reduce-scatter) and keeps the optimizer state of its shard only, so the recorder,
-  which reads each parameter's whole gradient and its state by model parameter, would record unreduced
-  gradients and no moments; under ``overlap_param_gather`` the parameters are gathered in the next forward,
-  after the recorder has read them.
+* Megatron's distributed optimizer (``use_distributed_optimizer``, ZeRO-1) when ``record`` is not handed it: each
+  DP rank reduces, updates and keeps the state of its own shard only, and only the optimizer says which shard
+  that is (handed it, the recorder reads each rank's shards: ``targets.owned_targets``). A distributed optimizer
+  of a kind the recorder does not know (without Megatron's shard map) likewise.
 * Megatron FSDP and torch FSDP2 (``use_megatron_fsdp``, ``use_custom_fsdp``, ``use_torch_fsdp2``): the
   parameters themselves are sharded.
 * CUDA graphs (``enable_cuda_graph``, ``external_cuda_graph``, ``cuda_graph_impl``): a captured layer replays
@@ -27,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from workbench.recorder.targets import optimizers, unwrap
+from workbench.recorder.targets import distributed_optimizers, optimizers, unwrap
 
 RECORD_WITHOUT = "record with it off, or record a smaller run of the same model without it; nothing was written"
 
@@ -46,11 +45,14 @@ def refusal(chunks: Sequence[Any], optimizer: Any = None) -> str | None:
         if getattr(ddp, "use_megatron_fsdp", False) or getattr(ddp, "use_custom_fsdp", False):
             return ("record() cannot record Megatron FSDP (use_megatron_fsdp): it shards the parameters and gradients "
                     f"themselves, and the recorder reads them whole; {RECORD_WITHOUT}")
-        if getattr(ddp, "use_distributed_optimizer", False):
-            return _DISTRIBUTED_OPTIMIZER
+        if getattr(ddp, "use_distributed_optimizer", False) and not distributed_optimizers(optimizer):
+            return _DISTRIBUTED_OPTIMIZER_NOT_PASSED
+    known = distributed_optimizers(optimizer)
     for part in optimizers(optimizer) if optimizer is not None else []:
-        if "DistributedOptimizer" in _classes(part):
-            return _DISTRIBUTED_OPTIMIZER
+        if any("DistributedOptimizer" in name for name in _classes(part)) and part not in known:
+            return (f"record() cannot record {type(part).__name__}: it shards the optimizer without Megatron's "
+                    f"shard map (_get_model_param_range_map), so the recorder cannot tell which part of each "
+                    f"gradient this rank reduced; {RECORD_WITHOUT}")
     config = getattr(unwrap(chunks[0]), "config", None) if chunks else None
     if getattr(config, "use_torch_fsdp2", False):
         return ("record() cannot record torch FSDP2 (use_torch_fsdp2): it shards the parameters and gradients "
@@ -65,10 +67,10 @@ def refusal(chunks: Sequence[Any], optimizer: Any = None) -> str | None:
     return None
 
 
-_DISTRIBUTED_OPTIMIZER = (
-    "record() cannot yet record Megatron's distributed optimizer (use_distributed_optimizer): each data-parallel "
-    "rank reduces only its own shard of the gradients and holds only that shard's optimizer state, so whole "
-    f"gradients and Adam moments would be recorded wrong; {RECORD_WITHOUT}")
+_DISTRIBUTED_OPTIMIZER_NOT_PASSED = (
+    "record() needs the optimizer under Megatron's distributed optimizer (use_distributed_optimizer): each "
+    "data-parallel rank reduces only its own shard of the gradients, and only the optimizer says which; pass it, "
+    "as in record(run_dir, model, optimizer, ...); nothing was written")
 
 
 def withheld(chunks: Sequence[Any], kinds: Iterable[str], *, dp_size: int, expert_dp_size: int = 1) -> dict[str, str]:

@@ -29,6 +29,11 @@ def _is_cuda(device: object) -> bool:
     return False
 
 
+def _as_cuda_type_name(name: str) -> str:
+    """``torch.FloatTensor`` as ``torch.cuda.FloatTensor``: the name a tensor's ``type()`` gives on a GPU."""
+    return name.replace("torch.", "torch.cuda.", 1) if name.startswith("torch.") and ".cuda." not in name else name
+
+
 class _CudaToCpuMode(TorchFunctionMode):
     """Rewrites CUDA device arguments of every torch call to the CPU.
 
@@ -42,6 +47,8 @@ class _CudaToCpuMode(TorchFunctionMode):
             kwargs = {**kwargs, "device": _CPU}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _as_cuda_type_name(func(*args))
         if func is torch.Tensor.to and args[1:] and _is_cuda(args[1]):
             args = (args[0], _CPU, *args[2:])
         return func(*args, **kwargs)

@@ -1,0 +1,34 @@
+"""A distributed optimizer's flat shard of a parameter as blocks of the parameter, each with its place in the
+full tensor (``workbench.recorder.placement.flat_boxes``, ``box_placement``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from workbench.recorder.placement import Placement, box_placement, flat_boxes
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (4, 3, 2), (1, 9), (5, 1), ()], ids=str)
+def test_every_flat_range_is_covered_in_order_by_blocks_of_whole_rows(shape: tuple[int, ...]) -> None:
+    size = int(np.prod(shape, dtype=np.int64))
+    flat = np.arange(size).reshape(shape)
+    for start, stop in itertools.combinations_with_replacement(range(size + 1), 2):
+        boxes = flat_boxes(shape, start, stop)
+        covered = [flat[box].reshape(-1) for box, _, _ in boxes]
+        assert np.array_equal(np.concatenate(covered) if covered else np.array([], dtype=int),
+                              np.arange(start, stop)), (start, stop)
+        for box, first, end in boxes:
+            assert list(flat[box].reshape(-1)) == list(range(first, end))
+        assert len(boxes) <= (1 if len(shape) < 2 else 3 if len(shape) == 2 else 2 * len(shape) - 1)
+
+
+def test_a_block_of_a_tensor_parallel_shard_lands_where_its_elements_are_in_the_full_tensor() -> None:
+    full = np.arange(4 * 6).reshape(4, 6)
+    shard = Placement(full_shape=(4, 6), dims=(0, 1), offsets=(0, 3))  # TP rank 1 of 2, split along columns
+    local = full[:, 3:]
+    for box, _, _ in flat_boxes(local.shape, 2, 10):  # a part row, whole rows, a part row
+        placed = box_placement(shard, box)
+        assert np.array_equal(full[placed.region(local[box].shape)], local[box])
