@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
-from tests.helpers.training import Runs
+from tests.helpers.training import LAYOUTS, Runs, tiny_config
 from workbench.runner.checkpoint import load_full_params
 from workbench.store.reader import open_run
 
@@ -51,3 +54,23 @@ def test_manifest_says_what_is_emulated(runs: Runs) -> None:
     assert not nondet["deterministic"]
     assert any("word_embeddings" in line for line in nondet["emulated_nondeterminism"])
     assert nondet["env"]["NCCL_ALGO"] is None
+
+
+def test_ranks_forked_by_the_zygote_train_bitwise_like_ranks_started_as_processes(
+        runs: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's runs are trained by ranks the zygote forks (``workbench.runner.zygote``, on the CPU); a GPU
+    launch, or ``WORKBENCH_FORK_RANKS=0``, starts each rank as its own process. Both give the same numbers."""
+    from workbench.analysis.compare import compare
+    from workbench.runner import zygote
+    from workbench.runner.launch import launch
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rank was forked with WORKBENCH_FORK_RANKS=0")
+
+    forked = runs.get("dp2", **LAYOUTS["dp2"])
+    monkeypatch.setenv(zygote.ENABLE_ENV, "0")
+    monkeypatch.setattr(zygote.Zygote, "start", refuse)
+    launch(tiny_config("dp2", **LAYOUTS["dp2"]), tmp_path / "dp2")
+    started = open_run(tmp_path / "dp2")
+    assert compare(open_run(forked).records(), started.records()).identical
+    np.testing.assert_array_equal(open_run(forked).scalars.loss, started.scalars.loss)

@@ -20,8 +20,17 @@ from workbench.store.reader import open_run
 
 
 def _worker_pids(run_dir: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"workbench.runner.worker {run_dir}"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """The processes writing to the run's rank logs: its ranks, whether started as their own processes or forked
+    by the zygote (``workbench.runner.zygote``), whose command line is the zygote's."""
+    logs = str(run_dir / "logs") + os.sep
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "fd" / "1").startswith(logs):
+                pids.append(int(proc.name))
+        except OSError:  # ended, or not ours to read
+            pass
+    return pids
 
 
 def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """Launching a run: one process per rank, a log per rank, progress, and no hung process groups.
 
 ``launch`` creates the run store with its manifest, starts ``tp x pp x dp`` worker
-processes (gloo on CPU, NCCL on GPU) with the determinism switches in their environment,
+processes (gloo on CPU, NCCL on GPU; on the CPU forked by a zygote that has imported them already,
+``workbench.runner.zygote``) with the determinism switches in their environment,
 shows rank 0's progress, and watches every rank: if one fails, the others are stopped
 (SIGTERM, then SIGKILL) and the failing rank's error is raised as ``LaunchError``.
 Imports no torch: the launcher stays light and the workers do the training.
@@ -24,6 +25,8 @@ from typing import Any
 from workbench import determinism
 from workbench.config import Precision, RunConfig
 from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError
+from workbench.runner import zygote as zygotes
+from workbench.runner.zygote import ForkedRank
 from workbench.store import layout
 from workbench.store.manifest import parse_manifest, runner_manifest
 from workbench.store.reader import open_run
@@ -39,7 +42,7 @@ _GRACE_S = 5.0
 @dataclass
 class _Rank:
     rank: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedRank
     log: Path
 
 
@@ -76,17 +79,31 @@ def _spawn(cfg: RunConfig, paths: layout.RunPaths, args: list[str]) -> list[_Ran
     port = _free_port()
     on_gpu = _has_gpu()
     sources = cfg.source_states(on_gpu=True) if on_gpu else None  # no CPU kernel reads the variables
-    ranks = []
+    ranks: list[_Rank] = []
+    zygote = None
+    if not on_gpu and zygotes.enabled():  # a CUDA context does not survive a fork
+        try:
+            zygote = zygotes.Zygote.shared(os.environ)
+        except OSError:
+            zygote = None
     for rank in range(world):
         env = determinism.rank_environment(cfg.deterministic, sources=sources)
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(world)))
         log = paths.rank_log(rank)
-        with log.open("wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "workbench.runner.worker", str(paths.run_dir), *args],
-                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                       start_new_session=True)
+        argv = [str(paths.run_dir), *args]
+        process: subprocess.Popen[bytes] | ForkedRank | None = None
+        if zygote is not None:
+            try:
+                process = zygote.start(argv, env, log)
+            except zygotes.ZygoteGone:  # started as its own process instead, as on a GPU
+                zygote = None
+        if process is None:
+            with log.open("wb") as out:
+                process = subprocess.Popen([sys.executable, "-m", "workbench.runner.worker", *argv],
+                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                           start_new_session=True)
         ranks.append(_Rank(rank, process, log))
     return ranks
 
