@@ -117,3 +117,21 @@ def test_the_recorder_refuses_before_it_hooks_anything(tmp_path: Any) -> None:
     with pytest.raises(ArgumentError, match="needs the optimizer under Megatron's distributed optimizer"):
         Recorder([wrapped], run_dir=tmp_path / "run", total_steps=2)  # type: ignore[list-item]
     assert not model._forward_hooks and not model._forward_pre_hooks and not (tmp_path / "run").exists()
+
+
+def test_snapshots_of_parameter_sites_read_in_shards_are_refused_naming_the_first() -> None:
+    from workbench.recorder.placement import whole
+    from workbench.recorder.targets import ParameterTarget
+    from workbench.recorder.unrecordable import sharded_snapshots
+    from workbench.sites import site_matcher
+
+    param = torch.nn.Parameter(torch.zeros(4, 3))
+    sharded = [ParameterTarget("layers.0.mlp.linear_fc1.weight", param, whole((4, 3)), (slice(1, 3), slice(0, 3)),
+                               (0, 6))]
+    kinds = {"param", "grad", "act"}
+    why = sharded_snapshots(sharded, kinds, site_matcher(("*",)))
+    assert why is not None and "\n" not in why and why.endswith("nothing was written")
+    assert "(grad:layers.0.mlp.linear_fc1.weight and 1 more)" in why
+    assert sharded_snapshots(sharded, kinds, site_matcher(("act:*",))) is None  # activations only: recordable
+    unsharded = [ParameterTarget("layers.0.mlp.linear_fc1.weight", param, whole((4, 3)))]
+    assert sharded_snapshots(unsharded, kinds, site_matcher(("*",))) is None

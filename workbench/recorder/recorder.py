@@ -51,7 +51,7 @@ from workbench.recorder.slots import Slots, Stopwatch
 from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, owned_targets, parameter_targets
-from workbench.recorder.unrecordable import refusal, replicas, withheld
+from workbench.recorder.unrecordable import refusal, replicas, sharded_snapshots, withheld
 from workbench.sites import SiteFilter, site_matcher
 from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
 
@@ -85,8 +85,12 @@ class Recorder:
                             snapshot_wanted=site_matcher(self.record.snapshot_sites))
         self._clock = Stopwatch()
         targets = parameter_targets(chunks, ranks)
-        self._parameters = ParameterSide(targets, slots=self._slots, kinds=kinds, wanted=wanted,
-                                         owned=owned_targets(targets, ranks, optimizer))
+        owned = owned_targets(targets, ranks, optimizer)
+        why = sharded_snapshots(owned, kinds, site_matcher(self.record.snapshot_sites)) \
+            if self.record.snapshot_steps else None
+        if why is not None:
+            raise ArgumentError(why)
+        self._parameters = ParameterSide(targets, slots=self._slots, kinds=kinds, wanted=wanted, owned=owned)
         self._activations = ActivationSide(chunks, slots=self._slots, ranks=ranks, kinds=kinds,
                                            global_batch=global_batch_size or 0, clock=self._clock)
         self._begin = self._clock.timed(self._start)

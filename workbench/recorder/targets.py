@@ -169,16 +169,14 @@ def owned_targets(targets: list[ParameterTarget], ranks: ParallelRanks, optimize
     owned = []
     for target in targets:
         param = target.param
-        found = None
-        for part in parts:
-            if param in part.model_param_gbuf_map:
-                try:
-                    found = part._get_model_param_range_map(param)["param"]
-                except KeyError:  # this rank owns none of it
-                    found = None
-                break
-        if found is None:
-            continue
+        # the shard map holds the parameters this rank owns a part of; Megatron DDP gives every parameter it
+        # trains a main_grad in its buffers
+        owner = next((part for part in parts if param in part.model_param_gbuf_map), None)
+        if owner is None:
+            if getattr(param, "main_grad", None) is None:  # not trained (frozen): every replica holds all of it
+                owned.append(target)
+            continue  # else another rank owns all of it
+        found = owner._get_model_param_range_map(param)["param"]
         tp_rank, tp_size = ranks.tensor_parallel(param)
         base = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=0)
         for box, first, end in flat_boxes(tuple(param.shape), int(found.start), int(found.end)):

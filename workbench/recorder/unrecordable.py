@@ -11,6 +11,9 @@ Refused:
   of a kind the recorder does not know (without Megatron's shard map) likewise.
 * Megatron FSDP and torch FSDP2 (``use_megatron_fsdp``, ``use_custom_fsdp``, ``use_torch_fsdp2``): the
   parameters themselves are sharded.
+* Snapshots of parameter-sized sites under the distributed optimizer (``sharded_snapshots``): a snapshot's chunks
+  are its pieces, one per rank, and a rank's shard of a parameter is an uneven run of rows, so two ranks would
+  write into one chunk.
 * CUDA graphs (``enable_cuda_graph``, ``external_cuda_graph``, ``cuda_graph_impl``): a captured layer replays
   without its module hooks, so its activation sites would vanish.
 
@@ -23,10 +26,11 @@ Named missing:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from workbench.recorder.targets import distributed_optimizers, optimizers, unwrap
+from workbench.sites import PARAMETER_KINDS, site_id
 
 RECORD_WITHOUT = "record with it off, or record a smaller run of the same model without it; nothing was written"
 
@@ -71,6 +75,19 @@ _DISTRIBUTED_OPTIMIZER_NOT_PASSED = (
     "record() needs the optimizer under Megatron's distributed optimizer (use_distributed_optimizer): each "
     "data-parallel rank reduces only its own shard of the gradients, and only the optimizer says which; pass it, "
     "as in record(run_dir, model, optimizer, ...); nothing was written")
+
+
+def sharded_snapshots(owned: Sequence[Any], kinds: Iterable[str], snapshotted: Callable[[str], bool]) -> str | None:
+    """One line refusing snapshots of the parameter-sized sites that ``owned`` reads in blocks of a distributed
+    optimizer's shards (``targets.owned_targets``), or None."""
+    asked = sorted({site_id(kind, target.name) for target in owned if target.box is not None
+                    for kind in kinds if kind in PARAMETER_KINDS and snapshotted(site_id(kind, target.name))})
+    if not asked:
+        return None
+    return (f"record() cannot yet take snapshots of parameter-sized sites under Megatron's distributed optimizer "
+            f"({asked[0]}{f' and {len(asked) - 1} more' if len(asked) > 1 else ''}): each rank holds an uneven "
+            f"part of each parameter, and a snapshot is written in one chunk per rank's part; snapshot only "
+            f"activation sites (snapshot_sites), or record without the snapshots; nothing was written")
 
 
 def withheld(chunks: Sequence[Any], kinds: Iterable[str], *, dp_size: int, expert_dp_size: int = 1) -> dict[str, str]:
