@@ -134,6 +134,27 @@ def test_trajectory_with_reference_floor_and_difference_panel() -> None:
         trajectory_figure(series, reference="missing")
 
 
+def test_the_difference_panel_shows_magnitudes_on_a_log_axis_small_and_large_alike() -> None:
+    steps = pd.RangeIndex(6, name="step")
+    ref = pd.Series(np.full(6, 2.0), index=steps)
+    series = {"ref": ref, "tiny": ref - np.array([0, 0, 1e-7, 1e-7, 2e-7, 4e-7]), "large": ref + 0.1,
+              "same": ref.copy()}
+    fig = trajectory_figure(series, reference="ref", floor=(ref - 1e-6, ref + 3e-6), provenance=PROVENANCE)
+    lower = {t.name: t for t in fig.data if t.yaxis == "y2" and t.name in series}
+    assert fig.layout.yaxis2.type == "log" and fig.layout.yaxis2.title.text == "|minus ref|"
+    tiny = np.asarray(lower["tiny"].y, dtype=float)
+    assert np.isnan(tiny[:2]).all() and np.allclose(tiny[2:], [1e-7, 1e-7, 2e-7, 4e-7])  # equal: a gap
+    assert np.allclose(np.asarray(lower["large"].y, dtype=float), 0.1)
+    assert np.isnan(np.asarray(lower["same"].y, dtype=float)).all()
+    said = [a.text for a in fig.layout.annotations if "equal to ref" in str(a.text)]
+    assert said == ["equal to ref at every step: same"]
+    band = [t for t in fig.data if t.yaxis == "y2" and t.name == "noise floor (repeats)"][0]
+    assert max(v for v in band.y if v is not None) == pytest.approx(3e-6)  # the larger side of the envelope
+    signed = trajectory_figure(series, reference="ref", magnitude=False)
+    assert signed.layout.yaxis2.type == "linear" and signed.layout.yaxis2.title.text == "minus ref"
+    assert min([t for t in signed.data if t.yaxis == "y2" and t.name == "tiny"][0].y) == pytest.approx(-4e-7)
+
+
 def test_thirteen_runs_have_thirteen_styles_in_both_panels_and_a_legend_that_fits() -> None:
     steps = pd.RangeIndex(10, name="step")
     names = [f"run{i}" for i in range(13)]

@@ -45,8 +45,10 @@ def test_controls_change_what_is_plotted(folder: Path, tmp_path: Path) -> None:
     assert lines(widget)["early"] != site_curves["early"]
     widget.steps.value = (3, 7)
     assert all(list(t.x) == [3, 4, 5, 6, 7] for t in widget.figure.data if t.name in widget.runs.value)
+    assert widget.difference.value == "|difference|" and widget.figure.layout.yaxis2.type == "log"  # the default
+    assert widget.figure.layout.yaxis2.title.text == "|minus base|"
     widget.difference.value = "relative"
-    assert widget.figure.layout.yaxis2.title.text == "relative to base"
+    assert widget.figure.layout.yaxis2.title.text == "relative to base" and widget.figure.layout.yaxis2.type == "linear"
     widget.log_y.value = True
     assert widget.figure.layout.yaxis.type == "log"
     widget.export_bar.folder.value, widget.export_bar.formats.value = str(tmp_path), ("html",)

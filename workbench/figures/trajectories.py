@@ -3,18 +3,21 @@
     fig = trajectory_figure({"det-r0": loss0, "tp2": loss1}, reference="det-r0",
                             floor=(low, high), quantity="loss")
 
-Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel
-shows every other run minus the reference, so differences of 1e-6 on a loss of 2 are
-visible; the noise floor (the envelope of repeats of one configuration) is drawn as a
-grey band in both panels, the seed-to-seed spread (runs that differ only in seed) as a blue
-one. ``anomalies`` (a ``find_anomalies`` table, with a ``run`` column when there are several
-runs) are marked on the curves by ``figures.anomaly_marks.mark_anomalies``.
+Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel shows every
+other run's difference from the reference: by default its magnitude on a log scale, so that 1e-7 and
+1e-1 are both visible (a step where a run equals the reference bitwise is a gap, and a run equal at
+every step shown is named in the panel); signed and linear with ``magnitude=False``. The noise floor
+(the envelope of repeats of one configuration) is drawn as a grey band in both panels, the seed-to-seed
+spread (runs that differ only in seed) as a blue one. ``anomalies`` (a ``find_anomalies`` table, with a
+``run`` column when there are several runs) are marked on the curves by
+``figures.anomaly_marks.mark_anomalies``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -29,10 +32,12 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                       floor: tuple[pd.Series, pd.Series] | None = None, quantity: str = "loss",
                       log_y: bool = False, provenance: Provenance | None = None,
                       title: str | None = None, anomalies: pd.DataFrame | None = None,
-                      relative: bool = False, seed_spread: tuple[pd.Series, pd.Series] | None = None) -> go.Figure:
+                      relative: bool = False, seed_spread: tuple[pd.Series, pd.Series] | None = None,
+                      magnitude: bool = True) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``
-    (``relative``: the difference divided by the reference's magnitude, signed). ``floor`` and
-    ``seed_spread`` are (low, high) envelopes drawn as bands: the noise floor and the seed-to-seed spread."""
+    (``relative``: the difference divided by the reference's magnitude; ``magnitude``: its absolute value on a
+    log axis, else signed on a linear one). ``floor`` and ``seed_spread`` are (low, high) envelopes drawn as
+    bands: the noise floor and the seed-to-seed spread (as magnitudes: from zero to the larger of the two)."""
     if reference is not None and reference not in series:
         raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
@@ -56,16 +61,29 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
             return (values - base) / base.abs() if relative else values - base
 
         for band, seeds in bands:
-            floor_band(fig, list(band[0].index), difference(band[0]), difference(band[1]), row=2, show=False,
-                       seeds=seeds, name=SEED_SPREAD if seeds else NOISE_FLOOR)
+            low, high = difference(band[0]), difference(band[1])
+            if magnitude:
+                low, high = low * 0.0, np.maximum(low.abs(), high.abs())
+            floor_band(fig, list(band[0].index), low, high, row=2, show=False, seeds=seeds, log=magnitude,
+                       name=SEED_SPREAD if seeds else NOISE_FLOOR)
+        equal = []
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue
             diff = difference(values).replace([float("inf"), float("-inf")], float("nan")).dropna()
+            if magnitude:
+                if len(diff) and (diff == 0).all():
+                    equal.append(name)
+                diff = diff.abs().where(diff != 0)  # bitwise equal: a gap (log 0)
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
                                      showlegend=False, line=dict(**line_style(i), width=1.5)), row=2, col=1)
-        fig.update_yaxes(title=f"relative to {reference}" if relative else f"minus {reference}",
+        measure = f"relative to {reference}" if relative else f"minus {reference}"
+        fig.update_yaxes(title=f"|{measure}|" if magnitude else measure, type="log" if magnitude else "linear",
                          exponentformat="power", row=2, col=1)
+        if equal:
+            fig.add_annotation(text=f"equal to {reference} at every step: {', '.join(equal)}", showarrow=False,
+                               xref="x2 domain", yref="y2 domain", x=0.01, y=0.97, xanchor="left", yanchor="top",
+                               font=dict(size=11), bgcolor="rgba(255,255,255,0.8)")
     apply_style(fig, title=title or f"{quantity} of {len(series)} {'run' if len(series) == 1 else 'runs'}",
                 provenance=provenance, height=600 if with_diff else 460)
     fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)

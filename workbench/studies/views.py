@@ -60,11 +60,13 @@ def anomaly_marks(ws: Workspace, names: Iterable[str] | None = None) -> pd.DataF
 def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | None = None, *,
                  site: str | None = None, reference: str | None = None, steps: tuple[int, int] | None = None,
                  floor: bool = True, seeds: bool = True, anomalies: bool | pd.DataFrame = False,
-                 log_y: bool = False, relative: bool = False, title: str | None = None) -> View:
+                 log_y: bool = False, relative: bool = False, magnitude: bool = True,
+                 title: str | None = None) -> View:
     """A per-step scalar (``quantity``), or with ``site`` the statistic ``quantity`` of that site, of ``names``
     (default: every run, the reference first) against ``reference`` (default: the first), within ``steps``
     (inclusive), with the noise floor's and the seed runs' envelopes as bands (none around a timing,
-    ``TIMING_SCALARS``) and, with ``anomalies``, each run's anomalies marked (or the marks given)."""
+    ``TIMING_SCALARS``) and, with ``anomalies``, each run's anomalies marked (or the marks given). The
+    difference panel shows |difference| on a log axis (``magnitude=False``: signed, linear)."""
     chosen = list(names) if names is not None else \
         [ws.roles.reference, *(n for n in ws.names if n != ws.roles.reference)]
     if site is not None:
@@ -87,8 +89,8 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
                                quantity=f"{quantity} of {site}" if site is not None else quantity,
                                floor=band(ws.roles.floor_runs) if floor else None,
                                seed_spread=band(ws.roles.seed_runs) if seeds else None, log_y=log_y,
-                               relative=relative, anomalies=marks, provenance=ws.provenance(list(series)),
-                               title=title)
+                               relative=relative, magnitude=magnitude, anomalies=marks,
+                               provenance=ws.provenance(list(series)), title=title)
     return View(figure, pd.DataFrame(series))
 
 

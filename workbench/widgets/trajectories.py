@@ -5,7 +5,8 @@
     trajectories.follow(explorer)                    # a click on the explorer's heatmap opens that site here
 
 Controls: the runs (several), the quantity (a per-step scalar, or "site statistic" with a site
-and a statistic), the reference, the difference panel (absolute or relative), log scale,
+and a statistic), the reference, the difference panel (|difference| on a log scale, the default; the signed difference;
+the signed relative difference), log scale of the values,
 the step range, the two bands a difference is judged against (the noise floor of
 nondeterministic repeats, the seed-to-seed spread of runs that differ only in seed; for
 ``val_loss``, the held-out loss, the second is the one that says whether a change matters)
@@ -33,6 +34,10 @@ from workbench.widgets.explorer import DivergenceExplorer
 from workbench.words import counted
 
 SITE_STATISTIC = "site statistic"
+MAGNITUDE = "|difference|"
+DIFFERENCES = {MAGNITUDE: "its magnitude on a log scale", "difference": "signed, linear",
+               "relative": "divided by the reference's magnitude, signed"}
+"""The difference panel's choices (the first is the default: 1e-7 and 1e-1 both visible)."""
 _SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("float")]
 
 
@@ -54,7 +59,7 @@ class TrajectoryWidget(WorkbenchWidget):
         self.site = widgets.Combobox(description="site", placeholder="kind:name", ensure_option=True, style=style,
                                      layout=widgets.Layout(width="420px"))
         self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
-        self.difference = widgets.ToggleButtons(options=["absolute", "relative"], value="absolute",
+        self.difference = widgets.ToggleButtons(options=list(DIFFERENCES), value=MAGNITUDE,
                                                 description="difference", style=style)
         self.log_y = widgets.Checkbox(value=False, description="log scale", indent=False)
         self.floor = widgets.Checkbox(value=True, description="noise floor", indent=False)
@@ -112,7 +117,8 @@ class TrajectoryWidget(WorkbenchWidget):
                                   list(self.runs.value), site=self.site.value if site_mode else None,
                                   reference=self.reference.value, steps=self.steps.value, floor=self.floor.value,
                                   seeds=self.seeds.value, anomalies=self.anomalies.value, log_y=self.log_y.value,
-                                  relative=self.difference.value == "relative")
+                                  relative=self.difference.value == "relative",
+                                  magnitude=self.difference.value == MAGNITUDE)
 
     def update(self) -> None:
         if self._quiet or self.workspace is None:
