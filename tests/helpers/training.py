@@ -1,13 +1,17 @@
 """Training for the tests: the tiny runner config, runs trained once per session, the layouts they are
-trained at, and a researcher's own loop (``tests/integration/user_loop.py``) run under torchrun."""
+trained at, and a researcher's own loop (``tests/integration/user_loop.py``) run on forked ranks or torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +21,7 @@ from typing import Any
 import pytest
 
 from workbench.config import RunConfig
+from workbench.runner import zygote as zygotes
 
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -114,11 +119,65 @@ USER_LOOP = Path(__file__).parents[1] / "integration" / "user_loop.py"
 """A researcher's own Megatron Core loop, recorded with ``workbench.recorder.record``."""
 
 
-def train_user_loop(run_dir: Path, *args: str, ranks: int = 2, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``user_loop.py`` on ``ranks`` processes (torchrun, gloo); with ``ok``, assert it succeeded."""
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(ranks), str(USER_LOOP), str(run_dir), *args], capture_output=True, text=True,
-                            timeout=900)
+def train_user_loop(run_dir: Path, *args: str, ranks: int = 2, ok: bool = True,
+                    torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``user_loop.py`` on ``ranks`` processes (gloo); with ``ok``, assert it succeeded. With ``torchrun``
+    (and whenever ranks are not forked: ``WORKBENCH_FORK_RANKS=0``) under torchrun itself, as a researcher starts
+    it; otherwise its ranks are forked by the runner's zygote with the environment torchrun gives them, which
+    spares each rank's import of torch and Megatron Core (``run_forked``)."""
+    if torchrun or not zygotes.enabled():
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 str(ranks), str(USER_LOOP), str(run_dir), *args], capture_output=True, text=True,
+                                timeout=900)
+    else:
+        result = run_forked(USER_LOOP, [str(run_dir), *args], ranks)
     if ok:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+FAILED_PEERS_S = 30.0
+"""How long the other ranks have to end on their own after one fails, before they are stopped."""
+
+
+def run_forked(script: Path, argv: list[str], ranks: int, timeout_s: float = 900.0) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGV`` on ``ranks`` ranks forked by the runner's zygote, each with the variables
+    ``torchrun --standalone`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, a free local
+    ``MASTER_PORT``, ``OMP_NUM_THREADS=1`` unless set). As torchrun does, when a rank fails the others are stopped
+    (after ``FAILED_PEERS_S`` to end on their own) and the exit code is 1; the ranks' output, rank by rank, is
+    both ``stdout`` and ``stderr`` of the result."""
+    zygote = zygotes.Zygote.shared(os.environ)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    logs = Path(tempfile.mkdtemp(prefix="ranks-"))
+    started = []
+    for rank in range(ranks):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        started.append(zygote.start(argv, env, logs / f"rank{rank}.log", script=script))
+    deadline, failed_at, timed_out = time.monotonic() + timeout_s, None, False
+    while True:
+        codes = [rank.poll() for rank in started]
+        if all(code is not None for code in codes):
+            break
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = time.monotonic()
+        now = time.monotonic()
+        timed_out = now > deadline
+        if timed_out or failed_at is not None and now > failed_at + FAILED_PEERS_S:
+            for rank in started:
+                if rank.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(rank.pid, signal.SIGKILL)
+                    rank.wait(timeout=60)
+            break
+        time.sleep(0.1)
+    codes = [rank.poll() for rank in started]
+    output = "".join((logs / f"rank{rank}.log").read_text(errors="replace") for rank in range(ranks))
+    shutil.rmtree(logs, ignore_errors=True)
+    if timed_out:
+        raise subprocess.TimeoutExpired([str(script), *argv], timeout_s, output=output)
+    return subprocess.CompletedProcess([str(script), *argv], 0 if all(c == 0 for c in codes) else 1, output, output)

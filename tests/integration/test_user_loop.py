@@ -46,6 +46,13 @@ def test_two_runs_of_the_loop_are_bitwise_identical_one_with_a_validation_loss(u
     assert compare(evaluated.records(), plain.records()).identical
 
 
+def test_the_loop_under_torchrun_records_what_its_forked_ranks_record(user_runs: Path, tmp_path: Path) -> None:
+    # The other tests fork the loop's ranks from a process that imported torch and Megatron Core already
+    # (tests/helpers/training.py); a researcher starts it with torchrun: the records must be the same, bit for bit.
+    train_user_loop(tmp_path / "torchrun", "--tp", "2", "--eval-every", "0", torchrun=True)
+    assert compare(open_run(user_runs / "tp2-again").records(), open_run(tmp_path / "torchrun").records()).identical
+
+
 def test_a_one_bit_change_is_found_at_its_step_and_module(user_runs: Path) -> None:
     result = compare(open_run(user_runs / "tp2").records(), open_run(user_runs / "tp2-flip").records())
     assert (result.first_step, result.first_site) == (2, "act:layers.1.mlp")
@@ -78,7 +85,8 @@ def test_the_verbs_work_on_a_folder_of_user_runs(user_runs: Path, tmp_path: Path
 
 
 def test_a_loop_that_raises_leaves_a_failed_store(tmp_path: Path) -> None:
-    result = train_user_loop(tmp_path / "fails", "--raise-at", "2", ranks=1, ok=False)
+    # under torchrun itself, as a researcher starts it (most tests fork the ranks: tests/helpers/training.py)
+    result = train_user_loop(tmp_path / "fails", "--raise-at", "2", ranks=1, ok=False, torchrun=True)
     assert result.returncode != 0
     run = open_run(tmp_path / "fails")
     assert run.status == "failed"

@@ -6,9 +6,10 @@ launcher process and environment, a *zygote*: ``python -m workbench.runner.zygot
 imports and then waits. For each rank the launcher sends it one line (the worker's arguments, the rank's whole
 environment and its log file) and the zygote forks: the child starts a session of its own, points stdin at
 ``/dev/null`` and stdout and stderr at the log, takes the rank's environment and thread count, and runs
-``workbench.runner.worker.main`` as the worker's ``__main__`` would. The zygote answers each request with the
-child's pid, and each child's end with its exit code (negative: the signal), which ``ForkedRank`` turns into the
-``Popen``-like ``poll``, ``wait`` and ``returncode`` the launcher watches.
+``workbench.runner.worker.main`` as the worker's ``__main__`` would (or, when the request names a Python file,
+runs that file as ``python FILE ARGS`` would: the tests start researchers' own loops this way). The zygote
+answers each request with the child's pid, and each child's end with its exit code (negative: the signal), which
+``ForkedRank`` turns into the ``Popen``-like ``poll``, ``wait`` and ``returncode`` the launcher watches.
 
 Only on the CPU: a CUDA context does not survive a fork, so a GPU launch starts each rank as its own process, as
 before. ``WORKBENCH_FORK_RANKS=0`` turns the zygote off anywhere. The zygote imports and does nothing else
@@ -24,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
@@ -110,9 +112,12 @@ class Zygote:
         with self._changed:
             self._changed.notify_all()
 
-    def start(self, argv: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 600.0) -> ForkedRank:
-        """Fork one rank: ``workbench.runner.worker`` with ``argv``, in ``env``, writing to ``log``."""
-        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log), "cwd": os.getcwd()}) + "\n"
+    def start(self, argv: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 600.0,
+              script: Path | None = None) -> ForkedRank:
+        """Fork one rank: ``workbench.runner.worker`` with ``argv`` (or the Python file ``script``, run as its
+        ``__main__`` as ``python SCRIPT ARGV...`` would), in ``env``, writing to ``log``."""
+        request = json.dumps({"argv": argv, "env": dict(env), "log": str(log), "cwd": os.getcwd(),
+                              "script": None if script is None else str(Path(script).resolve())}) + "\n"
         with self._lock:  # one request at a time: the answers come in order
             with self._changed:
                 count = len(self._started)
@@ -209,10 +214,15 @@ def _run_rank(request: dict[str, Any]) -> int:
         torch.set_num_threads(int(threads))
     from workbench.runner import worker
 
-    sys.argv = [worker.__file__, *request["argv"]]
+    script = request.get("script")
+    sys.argv = [script or worker.__file__, *request["argv"]]
     code = 0
     try:
-        worker.main(request["argv"])
+        if script:  # as the interpreter runs a file: its folder first on the path
+            sys.path.insert(0, os.path.dirname(script))
+            runpy.run_path(script, run_name="__main__")
+        else:
+            worker.main(request["argv"])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if stop.code is not None and not isinstance(stop.code, int):
