@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import numpy as np
@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from _plotly_utils.basevalidators import is_typed_array_spec
 from _plotly_utils.utils import to_typed_array_spec
+from traitlets import observe
 
 from workbench.errors import WorkbenchError
 from workbench.figures.style import TEMPLATE
@@ -45,10 +46,28 @@ def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool =
     return workspace
 
 
-def figure_widget() -> go.FigureWidget:
+class FigureWidget(go.FigureWidget):
+    """plotly's figure widget, with the frontend's report of its trace defaults kept from swallowing a click.
+
+    After each redraw the page reports the defaults it filled in (``_js2py_traceDeltas``). For a heatmap whose
+    ``z`` went as a typed array, plotly's handler fails on that report (``_remove_overlapping_props`` asserts a
+    dict where the page sends one per row). The failure alone is harmless, but when the kernel is busy the
+    page sends a click in the same message as the report, and traitlets stops delivering that message's
+    changes at the first handler that raises: the click was never heard (1 in 2 clicks, the machine busy).
+    The report only tells the kernel defaults it does not use, so a failure to read it is dropped."""
+
+    @observe("_js2py_traceDeltas")
+    def _handler_js2py_traceDeltas(self, change: dict[str, Any]) -> None:
+        try:
+            super()._handler_js2py_traceDeltas(change)
+        except Exception:  # plotly's own fault, whatever it is: the message's click comes next
+            self._js2py_traceDeltas = None
+
+
+def figure_widget() -> FigureWidget:
     """An empty figure widget in the figures' own template: with plotly's default one, making it copies that
     template's defaults for every trace type (~0.15 s the first time in a kernel)."""
-    return go.FigureWidget(layout=dict(template=TEMPLATE))
+    return FigureWidget(layout=dict(template=TEMPLATE))
 
 
 LIST_ROWS = 16
