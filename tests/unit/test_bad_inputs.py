@@ -57,6 +57,14 @@ def _declare_shape(array: Path, shape: list[int]) -> None:
     (array / "zarr.json").write_text(json.dumps(meta))
 
 
+def _declare_inner_chunks(array: Path, inner: list[int]) -> None:
+    """The sharding codec's own chunk shape (nested in ``codecs``): one value per chunk makes a reader walk an
+    index entry per value (an 18 MB store of this took 31 s and 2.1 GB before ``compare`` refused it)."""
+    meta = json.loads((array / "zarr.json").read_text())
+    meta["codecs"][0]["configuration"]["chunk_shape"] = inner
+    (array / "zarr.json").write_text(json.dumps(meta))
+
+
 def _declare_steps(store: Path, group: str, arrays: tuple[str, ...], steps: int) -> None:
     for name in arrays:
         meta = json.loads((store / group / name / "zarr.json").read_text())
@@ -75,6 +83,7 @@ BREAKS: dict[str, Callable[[Path], None]] = {
     "site records declaring 4e9 steps": lambda s: _declare_steps(s, "sites", SITE_ROWS, 4 * 10**9),
     "scalars declaring 4e9 steps": lambda s: _declare_steps(s, "scalars", SCALARS, 4 * 10**9),
     "stats declaring 10**12 sites": lambda s: _declare_shape(s / "sites" / "stats", [8, 10**12, 12]),
+    "stats declaring one value per inner chunk": lambda s: _declare_inner_chunks(s / "sites" / "stats", [1, 1, 1]),
     "manifest resumes of the wrong type": lambda s: _edit_manifest(s, lambda m: m.update(resumes="x")),
     "manifest resumes a number": lambda s: _edit_manifest(s, lambda m: m.update(resumes=5)),
     "manifest launcher pid past the OS's range": lambda s: _edit_manifest(
@@ -156,6 +165,16 @@ def test_a_bad_input_is_one_line_and_exit_2_and_nothing_changes(stores: dict[str
     assert list(tmp_path.iterdir()) == []  # no report, replay or bisect folder left behind
 
 
+@pytest.mark.parametrize("verb", [["compare", "{bad}", "{good}"], ["anomalies", "{bad}"]], ids=lambda v: v[0])
+def test_inner_chunks_are_checked_where_the_array_is_opened(stores: dict[str, Path], verb: list[str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = stores["stats declaring one value per inner chunk"]
+    code = main([a.format(bad=bad, good=stores["good"]) for a in verb])  # the check is where the array is opened
+    error = capsys.readouterr().err
+    assert code == 2 and "declares inner chunks (1, 1, 1) in shards (8, 12, 12): 1152 chunks per shard file, at " \
+        "most 1024" in error, error
+
+
 def test_ls_lists_the_readable_runs_and_names_each_unreadable_one(stores: dict[str, Path],
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["ls", str(stores["good"].parent)])
@@ -167,6 +186,7 @@ def test_ls_lists_the_readable_runs_and_names_each_unreadable_one(stores: dict[s
     site_damage = ("truncated fingerprint chunk", "corrupt fingerprint chunk", "site arrays missing",  # ls reads none
                    "missing stats chunk", "missing fingerprint chunk", "stats declaring 4e9 steps",
                    "site records declaring 4e9 steps", "stats declaring 10**12 sites",
+                   "stats declaring one value per inner chunk",
                    "missing val_loss chunk (all NaN)")  # ls reads the loss of the scalars only
     expected = {str(stores[name]).removeprefix("workbench: skipped ") for name in BAD
                 if name not in not_runs + site_damage}

@@ -40,6 +40,7 @@ writes its own regions of a snapshot, whose chunks are exactly those regions.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -163,6 +164,9 @@ MAX_SITES = 10**6
 """Most sites a store may declare."""
 MAX_STATS = 1024
 """Most statistics per site a store may declare."""
+MAX_INNER_CHUNKS = MAX_STATS
+"""Most chunks a shard file may declare: the store's own shards hold one chunk per statistic at most
+(``site_chunking``); a reader walks each chunk's index entry."""
 
 
 def snapshot_path(step: int, kind: str, name: str) -> str:
@@ -274,6 +278,14 @@ def array(group: zarr.Group, path: str) -> zarr.Array:
     if any(c > max(n, 1) for c, n in zip(chunks, node.shape)):
         raise DamagedStoreError(f"{_where(group, path)} declares chunks {tuple(chunks)} larger than its shape "
                                 f"{node.shape}; the store is damaged (rewrite the run)")
+    shards = getattr(node, "shards", None)
+    if shards is not None:  # the sharding codec's own chunk shape: a reader's work per shard file
+        inner = tuple(node.chunks)
+        per_shard = math.prod(-(-s // max(c, 1)) for s, c in zip(shards, inner))
+        if per_shard > MAX_INNER_CHUNKS:
+            raise DamagedStoreError(f"{_where(group, path)} declares inner chunks {inner} in shards {tuple(shards)}: "
+                                    f"{per_shard} chunks per shard file, at most {MAX_INNER_CHUNKS}; the store is "
+                                    "damaged (rewrite the run)")
     return node
 
 
