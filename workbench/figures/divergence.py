@@ -348,6 +348,6 @@ def amplification_figure(result: Comparison, stat: str = "l2", *,
     apply_style(fig, title=f"{result.a} vs {result.b}: growth of the relative difference of {stat} "
                 f"after step {result.first_step}", provenance=provenance)
     fig.update_yaxes(type="log", title=f"relative difference of {stat}<br>(median over the layer's sites)",
-                     exponentformat="power")
+                     exponentformat="power", ticklabelstandoff=6)  # the lowest label clear of the first step's
     fig.update_xaxes(title="step")
     return fig

@@ -14,31 +14,32 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
-from workbench.figures.style import apply_style, colour
+from workbench.figures.style import apply_style, colour, fit_footer, legend_rows
 from workbench.store.manifest import Provenance
 
 
 def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step: int, a: str, b: str,
                        provenance: Provenance | None = None) -> go.Figure:
-    """Top: ULP-distance histogram per site. Below: largest absolute difference per site, the sites named
-    beside their bars in the colours of the histogram (no legend; stacked, so long names never run into the
-    histogram)."""
+    """Top: ULP-distance histogram per site. Below: largest absolute difference per site, in the same colours and
+    in the legend's order (the legend, above the plot, names the sites of both panels; up to 20)."""
     sites = list(differences)
+    named = len(sites) <= 20
     share = min(0.5, 0.12 + 0.05 * len(sites))  # the lower panel's part of the height: a band per site
     fig = make_subplots(rows=2, cols=1, row_heights=[1 - share, share], vertical_spacing=0.22)
     for i, (site, diff) in enumerate(differences.items()):
         hist = diff.ulp_histogram
-        fig.add_trace(go.Bar(x=list(hist.index), y=hist.to_numpy(), name=site, legendgroup=site, showlegend=False,
+        fig.add_trace(go.Bar(x=list(hist.index), y=hist.to_numpy(), name=site, legendgroup=site, showlegend=named,
                              marker_color=colour(i), hovertemplate=f"{site}<br>%{{y}} elements %{{x}} ULPs apart"
                              "<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=[differences[s].max_abs for s in sites], y=sites, orientation="h", showlegend=False,
-                         marker_color=[colour(i) for i in range(len(sites))],
-                         hovertemplate="%{y}<br>max abs difference %{x:.3g}<extra></extra>"), row=2, col=1)
-    apply_style(fig, title=f"{a} vs {b} at step {step}: element-wise differences of {len(sites)} snapshots",
-                provenance=provenance, height=max(460, 360 + 26 * len(sites)))
-    # the names' width set here rather than by automargin: the footer, at the plot's left edge, is wrapped by it
-    names = max((len(s) for s in sites), default=0) if len(sites) <= 20 else 0
-    fig.update_layout(barmode="group", margin=dict(l=max(70, round(7.2 * names) + 20)))
+        fig.add_trace(go.Bar(x=[diff.max_abs], y=[site], orientation="h", name=site, legendgroup=site,
+                             showlegend=False, marker_color=colour(i), offsetgroup="largest",  # one slot a row
+                             hovertemplate="%{y}<br>max abs difference %{x:.3g}<extra></extra>"), row=2, col=1)
+    title = f"{a} vs {b} at step {step}: element-wise differences of {len(sites)} snapshots"
+    apply_style(fig, title=title, provenance=provenance, height=max(460, 360 + 26 * len(sites)))
+    rows = legend_rows(sites) if named else 0
+    fig.update_layout(barmode="group", margin=dict(t=_TITLE_BAND + _LEGEND_ROW * rows),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom",
+                                  traceorder="normal"))
     fig.update_yaxes(type="log", title="elements", exponentformat="power", row=1, col=1)
     bins = list(dict.fromkeys(label for d in differences.values() for label in d.ulp_histogram.index))
     every = -(-len(bins) // 14)  # at most ~14 labels: upright, none over another
@@ -48,8 +49,14 @@ def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step
     equal = any(differences[s].max_abs == 0 for s in sites)  # a log axis has no bar for them
     fig.update_xaxes(type="log", title="largest |a - b|" + (" (no bar: equal)" if equal else ""),
                      exponentformat="e", tickangle=0, nticks=4, row=2, col=1)
-    fig.update_yaxes(showticklabels=len(sites) <= 20, autorange="reversed", tickfont=dict(size=12), row=2, col=1)
-    return fig
+    fig.update_yaxes(showticklabels=False, autorange="reversed", row=2, col=1)
+    return fit_footer(fig)
+
+
+_TITLE_BAND = 60
+"""Pixels above the legend for the title."""
+_LEGEND_ROW = 22
+"""Pixels per row of the legend."""
 
 
 def _power_of_two(label: str) -> str:

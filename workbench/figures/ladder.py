@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.ladder import Ladder
-from workbench.figures.style import FONT_SIZE, NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band, line_style
+from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band, legend_rows, line_style
 from workbench.sites import layer_order
 from workbench.store.manifest import Provenance
 
@@ -71,7 +71,7 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
     fig.update_layout(title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=14)),
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", tracegroupgap=0,
                                   title=dict(text=title, side="top")),
-                      margin=dict(t=_TITLE_BAND + _LEGEND_ROW * (_legend_rows(entries) + (title is not None))))
+                      margin=dict(t=_TITLE_BAND + _LEGEND_ROW * (legend_rows(entries) + (title is not None))))
     shown = layers[::max(1, -(-len(layers) // _MOST_LAYER_TICKS))]
     fig.update_xaxes(title="layer<br>(at the last step)", type="category", categoryorder="array", categoryarray=layers,
                      tickmode="array", tickvals=shown, ticktext=[_short_layer(lb) for lb in shown], tickangle=0,
@@ -99,13 +99,3 @@ def _short_layer(label: str) -> str:
     return _SHORT_LAYERS.get(label, label)
 
 
-def _legend_rows(entries: list[str], width: float = 630.0) -> int:
-    """Rows of a horizontal legend of ``entries`` across ``width`` pixels (a 700 px figure less its left margin),
-    each entry its symbol (~40 px) and its text (~0.62 em a character)."""
-    rows, used = 1, 0.0
-    for entry in entries:
-        needed = 40 + 0.62 * FONT_SIZE * len(entry)
-        if used and used + needed > width:
-            rows, used = rows + 1, 0.0
-        used += needed
-    return rows

@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.analysis.pairs import PairMatrix
-from workbench.figures.style import EQUAL_COLOUR, SEQUENTIAL, apply_style
+from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style
 from workbench.store.manifest import Provenance
 
 
@@ -38,5 +38,8 @@ def pairs_figure(matrix: PairMatrix, *, provenance: Provenance | None = None) ->
     fig.update_yaxes(autorange="reversed")
     size = 260 + 34 * len(names)
     groups = f"{len(matrix.groups)} group{'s' if len(matrix.groups) != 1 else ''} of identical runs outlined"
-    return apply_style(fig, title=f"first divergent step of every pair ('=' bitwise identical; {groups})",
-                       provenance=provenance, height=size, width=size + 160)
+    apply_style(fig, title="first divergent step of every pair", provenance=provenance, height=size,
+                width=size + 160)
+    return fig.update_layout(title=dict(subtitle=dict(text=f"'=' bitwise identical; {groups}",
+                                                      font=dict(size=FONT_SIZE, color="#555555"))),
+                             margin=dict(t=80))

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.figures.style import PALETTE, apply_style, colour
+from workbench.figures.style import PALETTE, apply_style, colour, fit_footer
 from workbench.store.manifest import Provenance
 
 
@@ -44,6 +44,7 @@ def sources_figure(table: pd.DataFrame, *, provenance: Provenance | None = None,
                   "emulation's (negative: the emulation is slower)</sup>")
     apply_style(fig, title=title, provenance=provenance, height=max(340, 140 + 80 * len(rows)), width=1000)
     fig.update_layout(margin=dict(l=330, t=100))
+    fit_footer(fig)
     finite = final[np.isfinite(final) & (final > 0)]
     decades = ([float(np.floor(np.log10(finite.min()))), float(np.ceil(np.log10(finite.max())))]
                if finite.size else [-8.0, 0.0])

@@ -11,6 +11,8 @@ version and the code revision, so a figure cut out of a report still says where 
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -77,6 +79,18 @@ def legend_height(fig: go.Figure) -> int:
     return (margin.t or 0) + (margin.b or 0) + LEGEND_ENTRY_PX * legend_entries(fig)
 
 
+def legend_rows(entries: list[str], width: float = 630.0) -> int:
+    """Rows of a horizontal legend of ``entries`` across ``width`` pixels (a 700 px figure less its left margin),
+    each entry its symbol (~40 px) and its text (~0.62 em a character)."""
+    rows, used = 1, 0.0
+    for entry in entries:
+        needed = 40 + 0.62 * FONT_SIZE * len(entry)
+        if used and used + needed > width:
+            rows, used = rows + 1, 0.0
+        used += needed
+    return rows
+
+
 _FOOTER_SIZE = 9
 """Font size (px) of the provenance footer."""
 
@@ -85,19 +99,56 @@ def apply_style(fig: go.Figure, *, title: str, provenance: Provenance | None = N
                 width: int | None = None, room_below: int = 0) -> go.Figure:
     """Title, fonts, margins, white background and the provenance footer; returns ``fig``. ``room_below``:
     pixels more between the plot and the footer (an x axis title of two lines)."""
-    bottom = (95 if provenance is not None else 60) + room_below
-    text = ""
-    if provenance is not None:  # wrapped to the figure's width (plotly's default 700 px where none is set)
-        text = _wrap(footer(provenance), int(((width or 700) - 70) / (_FOOTER_CHAR_EM * _FOOTER_SIZE)))
-        bottom += round(1.3 * _FOOTER_SIZE * (text.count("<br>") - 1))
+    bottom = (95 if provenance is not None else 60) + room_below  # the footer's two lines included
     fig.update_layout(template=TEMPLATE, font=FONT, title=dict(text=title, x=0.01, xanchor="left"),
                       height=height, width=width, margin=dict(l=70, r=30, t=60, b=bottom), colorway=list(PALETTE),
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"), hoverlabel=dict(namelength=-1))
     if provenance is not None:
-        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-bottom + 8,
-                           xanchor="left", yanchor="bottom", showarrow=False, align="left",
+        fig.add_annotation(text=footer(provenance), xref="paper", yref="paper", x=0, y=0, xanchor="left",
+                           yanchor="bottom", showarrow=False, align="left",
                            font=dict(size=_FOOTER_SIZE, color="#666666"), name="provenance")
+        fit_footer(fig)
     return fig
+
+
+def _label_chars(fig: go.Figure, axis: go.layout.XAxis | go.layout.YAxis) -> int:
+    """The longest tick label of ``axis`` in characters: its tick texts, or the names (strings) its traces put
+    there; 0 for numbers (their labels are short) and for an axis without labels."""
+    if axis.showticklabels is False:
+        return 0
+    if axis.ticktext:
+        return max(len(re.sub(r"<[^>]+>", "", str(t))) for t in axis.ticktext)
+    letter = axis.plotly_name[0]
+    ref = letter + axis.plotly_name.removeprefix(f"{letter}axis")
+    values = [v for t in fig.data if (getattr(t, f"{letter}axis", None) or letter) == ref
+              and isinstance(getattr(t, letter, None), list | tuple) for v in getattr(t, letter)]
+    return max((len(v) for v in values if isinstance(v, str)), default=0)
+
+
+FIGURE_WIDTH_PX = 700
+"""The width of a figure that sets none: plotly's default in a notebook, and kaleido's in an export."""
+
+
+def fit_footer(fig: go.Figure, *, gap: int = 8) -> go.Figure:
+    """The provenance footer at the figure's left edge and bottom, ``gap`` pixels in, wrapped to the figure's
+    width; the bottom margin grows by the lines the wrap adds to or takes from its two (``fig`` changed and
+    returned). Call it again after a change of the width or of the left margin (the footer is placed relative
+    to the plot: plotly's annotations have no figure coordinates)."""
+    width = fig.layout.width or FIGURE_WIDTH_PX
+    left = fig.layout.margin.l if fig.layout.margin.l is not None else 80
+    for note in [a for a in fig.layout.annotations if a.name == "provenance"]:
+        size = note.font.size or _FOOTER_SIZE
+        before = str(note.text).count("<br>")
+        text = _wrap(_unwrap(str(note.text)), int((width - 2 * gap) / (_FOOTER_CHAR_EM * size)))
+        bottom = (fig.layout.margin.b or 0) + round(1.3 * size * (text.count("<br>") - before))
+        note.update(text=text, x=0, xshift=-left + gap, yshift=-bottom + gap)
+        fig.update_layout(margin=dict(b=bottom))
+    return fig
+
+
+def _unwrap(text: str) -> str:
+    """A footer as ``footer`` wrote it: the breaks a wrap put between words taken out (its two lines kept)."""
+    return re.sub(r"<br>(?!config: )", " ", text)
 
 
 PAPER_WIDTHS_IN: dict[str, float] = {"column": 3.5, "page": 7.0}
@@ -123,29 +174,42 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
     font = round(_PAPER_FONT_PT[size] * PX_PER_IN / 72, 1)
     small = round(font * 0.8, 1)
     shrink = font / FONT_SIZE
-    footer_chars = int(0.55 * width / (0.55 * small))  # the plot area is at least ~55 % of the width
     footers = [a for a in out.layout.annotations if a.name == "provenance"]
-    footer_lines = _wrap(str(footers[0].text), footer_chars).count("<br>") + 1 if footers else 0
     entries = [t for t in out.data if t.showlegend is not False and t.name] if out.layout.showlegend is not False \
         else []
-    top = round((1.6 * len(entries) + 0.8) * font)  # room for one entry per line, the worst case
-    # tick labels, the gap plotly leaves under them and an axis title; a line more for each break in the title
+    # the y tick labels' width and the axis title: set, so that plotly need not push the plot (the footer is
+    # placed from the left margin)
+    names = max((_label_chars(out, axis) for axis in out.select_yaxes()), default=0)
+    left, right = round(max(6.5, 0.6 * names + 2.7) * font), round(1.5 * font)
+    # titles over the panels (make_subplots' annotations): wrapped to their panel, the legend above them
+    headers = [a for a in out.layout.annotations if a.name != "provenance" and a.yref == "paper"
+               and (a.y or 0) >= 0.98 and a.yanchor == "bottom"]
+    header_lines = 0
+    for header in headers:
+        text = _wrap(str(header.text), max(8, int((width - left - right) / len(headers) / (0.6 * font))))
+        header.update(text=text)
+        header_lines = max(header_lines, text.count("<br>") + 1)
+    above = round((0.6 + 1.3 * header_lines) * font)  # between the plot's top and the legend
+    top = round((1.6 * len(entries) + 0.8) * font) + above  # room for one entry per line, the worst case
+    # tick labels, the gap plotly leaves under them and an axis title; a line more for each break in the title;
+    # slanted category labels take their length's projection; the footer's two lines (fit_footer adds the rest)
     title_breaks = max((str(axis.title.text).count("<br>") for axis in out.select_xaxes() if axis.title.text),
                        default=0)
-    bottom = round((4.6 + 1.3 * title_breaks) * font + footer_lines * 1.3 * small)
-    out.update_layout(width=width, height=height + top + bottom, font=dict(size=font), title=None,
-                      margin=dict(l=round(4.5 * font), r=round(1.5 * font), t=top, b=bottom),
-                      legend=dict(font=dict(size=font), orientation="h", x=0, xanchor="left", y=1.0,
-                                  yanchor="bottom"))
+    slanted = max((_label_chars(out, axis) * 0.6 * abs(math.sin(math.radians(axis.tickangle)))
+                   for axis in out.select_xaxes() if axis.tickangle not in (None, 0)), default=0.0)
+    lines = sum(str(a.text).count("<br>") + 1 for a in footers)  # as wrapped now; fit_footer adds the difference
+    bottom = round((4.8 + 1.5 * title_breaks + max(0.0, slanted - 1)) * font + 1.3 * small * lines)
+    plot_height = height
+    out.update_layout(width=width, height=plot_height + top + bottom, font=dict(size=font), title=None,
+                      margin=dict(l=left, r=right, t=top, b=bottom),
+                      legend=dict(font=dict(size=font), orientation="h", x=0, xanchor="left",
+                                  y=1.0 + above / plot_height, yanchor="bottom"))
     for annotation in out.layout.annotations:
-        if annotation.name == "provenance":
-            annotation.update(text=_wrap(str(annotation.text), footer_chars), font=dict(size=small),
-                              yshift=-bottom + 2)
-        else:
-            annotation.update(font=dict(size=font))
+        annotation.update(font=dict(size=small if annotation.name == "provenance" else font))
+    fit_footer(out, gap=2)
     for trace in out.data:
         marker = getattr(trace, "marker", None)
-        if marker is not None and isinstance(marker.size, int | float):
+        if marker is not None and isinstance(getattr(marker, "size", None), int | float):  # a bar's has none
             marker.size = max(3.0, marker.size * shrink)
         if hasattr(trace, "colorbar"):
             trace.colorbar.update(thickness=max(6, round(font)), title=dict(font=dict(size=font)),
@@ -158,14 +222,7 @@ def resized(fig: go.Figure, width: int, height: int) -> go.Figure:
     the bottom margin grown by the lines that adds; a copy. (``for_paper`` also shrinks the fonts to print size.)"""
     out = go.Figure(fig)
     out.update_layout(width=width, height=height)
-    for footer in [a for a in out.layout.annotations if a.name == "provenance"]:
-        left = out.layout.margin.l if out.layout.margin.l is not None else 80
-        lines = str(footer.text).count("<br>")
-        footer.text = _wrap(str(footer.text), int((width - left) / (_FOOTER_CHAR_EM * footer.font.size)))
-        bottom = (out.layout.margin.b or 0) + round(1.3 * footer.font.size * (footer.text.count("<br>") - lines))
-        footer.yshift = -bottom + 8
-        out.update_layout(margin=dict(b=bottom))
-    return out
+    return fit_footer(out)
 
 
 _FOOTER_CHAR_EM = 0.62

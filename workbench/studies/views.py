@@ -85,8 +85,10 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
     if site is None and quantity in TIMING_SCALARS:  # run-to-run numerical bands say nothing about speed
         floor = seeds = False
     marks = anomalies if isinstance(anomalies, pd.DataFrame) else anomaly_marks(ws, series) if anomalies else None
+    if title is None and site is not None:  # the site in the title; its axis says the statistic
+        title = f"{quantity} of {site} in {len(series)} {'run' if len(series) == 1 else 'runs'}"
     figure = trajectory_figure(series, reference=reference if reference in series else next(iter(series)),
-                               quantity=f"{quantity} of {site}" if site is not None else quantity,
+                               quantity=quantity,
                                floor=band(ws.roles.floor_runs) if floor else None,
                                seed_spread=band(ws.roles.seed_runs) if seeds else None, log_y=log_y,
                                relative=relative, magnitude=magnitude, anomalies=marks,
