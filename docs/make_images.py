@@ -1,12 +1,16 @@
 """Regenerates the README's figures from the demo's runs with the project's own export.
 
     python docs/make_images.py          # after `make demo`; writes docs/images/heatmap.png and bisect.png
+    python docs/make_images.py --sheet RUNS
+        # every figure of the report on the runs in RUNS, and the pair matrix, at a paper's column and page
+        # width, in docs/images/sheet/ (the figures docs/figures.md shows)
 
 docs/images/explorer.png is the screenshot the browser test saves, after it clicks a heatmap cell
 (build/test-artifacts/explorer-in-jupyterlab.png) after driving the explorer in JupyterLab.
 bisect.png reads the operation traces the demo's investigation left in data/runs/demo/fault/bisect.
 """
 
+import sys
 from pathlib import Path
 
 from workbench.analysis.trace_alignment import first_operation
@@ -15,6 +19,19 @@ from workbench.figures.export import export_figures
 from workbench.figures.operations import operation_figure
 from workbench.store.reader import open_run
 from workbench.studies.workspace import Workspace
+
+if sys.argv[1:2] == ["--sheet"]:
+    from workbench.figures.style import for_paper
+    from workbench.studies import views
+    from workbench.studies.report import report_figures
+
+    ws = Workspace.open(sys.argv[2])
+    chosen = {name: figure for name, figure in report_figures(ws).items()
+              if not name.startswith(("heatmap-", "growth-", "elementwise-")) or "nondet-r0-vs-nondet-r1" in name}
+    chosen["pairs"] = views.pairs(ws).figure
+    sized = {f"{name}-{size}": for_paper(figure, size) for name, figure in chosen.items() for size in ("column", "page")}
+    print(export_figures(sized, Path(__file__).parent / "images" / "sheet", ["png"], scale=1.5))
+    sys.exit(0)
 
 ws = Workspace.open("data/runs/demo")
 pair = ("nondet-r0", "nondet-r1")

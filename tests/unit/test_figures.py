@@ -137,8 +137,10 @@ def test_trajectory_with_reference_floor_and_difference_panel() -> None:
 def test_the_difference_panel_shows_magnitudes_on_a_log_axis_small_and_large_alike() -> None:
     steps = pd.RangeIndex(6, name="step")
     ref = pd.Series(np.full(6, 2.0), index=steps)
+    nan_later = ref.copy()
+    nan_later[3:] = np.nan  # equal until a non-finite loss: not "equal at every step"
     series = {"ref": ref, "tiny": ref - np.array([0, 0, 1e-7, 1e-7, 2e-7, 4e-7]), "large": ref + 0.1,
-              "same": ref.copy()}
+              "same": ref.copy(), "nan later": nan_later}
     fig = trajectory_figure(series, reference="ref", floor=(ref - 1e-6, ref + 3e-6), provenance=PROVENANCE)
     lower = {t.name: t for t in fig.data if t.yaxis == "y2" and t.name in series}
     assert fig.layout.yaxis2.type == "log" and fig.layout.yaxis2.title.text == "|minus ref|"

@@ -79,12 +79,12 @@ def legend_height(fig: go.Figure) -> int:
     return (margin.t or 0) + (margin.b or 0) + LEGEND_ENTRY_PX * legend_entries(fig)
 
 
-def legend_rows(entries: list[str], width: float = 630.0) -> int:
+def legend_rows(entries: list[str], width: float = 630.0, font_size: float = FONT_SIZE) -> int:
     """Rows of a horizontal legend of ``entries`` across ``width`` pixels (a 700 px figure less its left margin),
-    each entry its symbol (~40 px) and its text (~0.62 em a character)."""
+    each entry its symbol (~40 px at ``FONT_SIZE``) and its text (~0.62 em a character)."""
     rows, used = 1, 0.0
     for entry in entries:
-        needed = 40 + 0.62 * FONT_SIZE * len(entry)
+        needed = (40 / FONT_SIZE + 0.62 * len(entry)) * font_size
         if used and used + needed > width:
             rows, used = rows + 1, 0.0
         used += needed
@@ -190,7 +190,8 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
         header.update(text=text)
         header_lines = max(header_lines, text.count("<br>") + 1)
     above = round((0.6 + 1.3 * header_lines) * font)  # between the plot's top and the legend
-    top = round((1.6 * len(entries) + 0.8) * font) + above  # room for one entry per line, the worst case
+    rows = legend_rows([str(t.name) for t in entries], 0.9 * (width - left - right), font) if entries else 0
+    top = round(rows * (2.2 * font + 8) + 0.4 * font) + above  # plotly's row: the text, its padding and the gap
     # tick labels, the gap plotly leaves under them and an axis title; a line more for each break in the title;
     # slanted category labels take their length's projection; the footer's two lines (fit_footer adds the rest)
     title_breaks = max((str(axis.title.text).count("<br>") for axis in out.select_xaxes() if axis.title.text),

@@ -70,10 +70,12 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
                 continue
-            diff = difference(values).replace([float("inf"), float("-inf")], float("nan")).dropna()
+            raw = difference(values)
+            shown = values.notna() | ref.reindex(values.index).notna()  # steps either run has (not a NaN's)
+            if magnitude and shown.any() and (raw[shown] == 0).all():  # a step where one is NaN is not equal
+                equal.append(name)
+            diff = raw.replace([float("inf"), float("-inf")], float("nan")).dropna()
             if magnitude:
-                if len(diff) and (diff == 0).all():
-                    equal.append(name)
                 diff = diff.abs().where(diff != 0)  # bitwise equal: a gap (log 0)
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
                                      showlegend=False, line=dict(**line_style(i), width=1.5)), row=2, col=1)
