@@ -146,6 +146,25 @@ def test_a_hostile_dump_is_refused_and_never_run(tmp_path: Path, capsys: pytest.
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("change", ["a rank's shard", "a replica's norm", "a later step's norm"])
+def test_shards_and_steps_of_one_tensor_that_disagree_in_shape_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str) -> None:
+    # one TP rank's fc1 shard [11, 8] beside the other's [8, 8] was stored as [16, 8] with exit 0, and a norm
+    # weight whose shape changed between iterations was imported as well
+    save = _write(tmp_path / "save", 2, _full_tensors())
+    rank, iteration, key = {"a rank's shard": (1, 1, "decoder.layers.0.mlp.linear_fc1.weight"),
+                            "a replica's norm": (1, 1, "decoder.layers.0.pre_mlp_layernorm.weight"),
+                            "a later step's norm": (0, 2, "decoder.layers.0.pre_mlp_layernorm.weight")}[change]
+    path = save / "params" / f"iter_{iteration:07d}" / f"mp_rank_{rank:02d}.pth"
+    content = torch.load(path, weights_only=True)
+    content["model_chunk0"][key] = torch.ones(11, 8) if "shard" in change else torch.ones(HIDDEN + 3)
+    torch.save(content, path)
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    assert str(path) in line and "mp_rank_0" in line.replace(str(path), "") and "makes a tensor of shape" in line, \
+        line
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("damage", ["truncated", "keys", "empty", "missing rank", "not a folder"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
     save = _write(tmp_path / "save", 2, _full_tensors())

@@ -155,6 +155,8 @@ class _Accumulated:
     sums: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     order: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     shape: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shaped_by: dict[str, Path] = field(default_factory=dict)
+    """The file whose piece of a site first gave its full shape (every other piece must agree with it)."""
     dtype: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
@@ -438,16 +440,27 @@ def _accumulate(found: _Accumulated, f: DumpFile, dump: DumpLayout, site: str, s
         found.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(value.dtype, "fp32")
     where = placement(f.kind, key, tuple(value.shape), tp_rank=f.tp, dump=dump)
     name = site.partition(":")[2]
-    _add(found, f.step, site, value, where, (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp))
+    _add(found, f.step, site, value, where, (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp),
+         source=f.path)
 
 
 def _add(found: _Accumulated, step: int, site: str, value: torch.Tensor, where: Placement,
-         order: tuple[int, int, int, int]) -> None:
+         order: tuple[int, int, int, int], *, source: Path | None = None) -> None:
     """One piece of a site's tensor at a step, into its accumulators (a replica that does not count: only its
-    shape)."""
+    shape). With the dump file ``source``: ``ImportFormatError`` naming both files when the piece makes a tensor
+    of another shape than the site's first piece from a dump file made (ranks' shards that disagree, or a tensor
+    whose shape changes between steps). Counts and router traces, whose shapes may vary, are not checked."""
     if site not in found.order:
         found.order[site] = order
         found.shape[site], found.dtype[site] = where.full_shape, str(value.dtype).removeprefix("torch.")
+    if source is None:
+        pass
+    elif site not in found.shaped_by:
+        found.shaped_by[site] = source
+    elif where.full_shape != found.shape[site]:
+        raise ImportFormatError(f"{source}: its piece of {site} {tuple(value.shape)} makes a tensor of shape "
+                                f"{where.full_shape}, where {found.shaped_by[site]} made {found.shape[site]}: "
+                                "the files do not belong to one run")
     if not where.contributes:
         return
     x = value if value.is_floating_point() and value.element_size() in (2, 4, 8) else value.double()
