@@ -59,8 +59,9 @@ class TrajectoryWidget(WorkbenchWidget):
         self.site = widgets.Combobox(description="site", placeholder="kind:name", ensure_option=True, style=style,
                                      layout=widgets.Layout(width="420px"))
         self.stat = widgets.Dropdown(options=list(STAT_NAMES), value=stat, description="statistic", style=style)
-        self.difference = widgets.ToggleButtons(options=list(DIFFERENCES), value=MAGNITUDE,
-                                                description="difference", style=style)
+        self.difference = widgets.ToggleButtons(options=list(DIFFERENCES), value=MAGNITUDE, description="difference",
+                                                style={**style, "button_width": "7.5em"},  # in a row, not shrunk
+                                                layout=widgets.Layout(flex="0 0 auto", width="auto"))
         self.log_y = widgets.Checkbox(value=False, description="log scale", indent=False)
         self.floor = widgets.Checkbox(value=True, description="noise floor", indent=False)
         self.seeds = widgets.Checkbox(value=True, description="seed spread", indent=False)
