@@ -83,8 +83,10 @@ def test_heatmap_rows_follow_model_order_and_bins_keep_the_largest_difference() 
 def test_identical_runs_heatmap_and_amplification() -> None:
     a = records("a")
     result = compare(a, records("b"))  # same seed: identical
-    assert "bitwise identical" in divergence_heatmap(result).layout.title.text
-    assert len(divergence_heatmap(result).data) == 1
+    heatmap = divergence_heatmap(result)
+    assert "bitwise identical" in heatmap.layout.title.text
+    assert len(heatmap.data) == 1
+    assert [a.text for a in heatmap.layout.annotations] == ["bitwise identical: every site, every step"]  # on it
     assert "nothing to amplify" in amplification_figure(result).layout.title.text
 
 
