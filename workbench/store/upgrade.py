@@ -13,6 +13,7 @@ deleted after). Stores still being written are refused, and so is a disk without
 
 from __future__ import annotations
 
+import errno
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class UpgradePlan:
     run_dir: Path
     schema_version: int
     rewrite_bytes: int
-    """Bytes of the ``sites`` group on disk: about what the rewritten copy takes beside it until the swap."""
+    """At most the bytes of the rewritten ``sites`` group, which lies beside the old one until the swap."""
     free_bytes: int
 
     @property
@@ -78,9 +79,20 @@ def upgrade_plan(run: Run) -> UpgradePlan:
         raise ArgumentError(f"{run.path}: the run is {status}: its producer still writes the store; upgrade it "
                             "once the run has ended (or been stopped)")
     version = int(run.attrs.get("schema_version", 1))
-    sites = run.paths.store / layout.SITES_GROUP
-    size = sum(f.stat().st_size for f in sites.rglob("*") if f.is_file()) if run.has_sites else 0
-    return UpgradePlan(run.path, version, size, shutil.disk_usage(run.path).free)
+    return UpgradePlan(run.path, version, _rewritten_bytes(run) if run.has_sites else 0,
+                       shutil.disk_usage(run.path).free)
+
+
+def _rewritten_bytes(run: Run) -> int:
+    """At most what the rewritten ``sites`` group takes: its arrays uncompressed (the new layout may compress
+    less than the old: one statistic per chunk), every planned row, and a page per chunk file."""
+    table = run.site_table()
+    source = layout.subgroup(zarr.open_group(run.paths.store, mode="r"), layout.SITES_GROUP)
+    stats = layout.array(source, layout.STATS_ARRAY)
+    rows, sites = int(stats.shape[0]), len(table)
+    values = rows * sites * (int(stats.shape[2]) * 8 + 8) + rows * 9  # statistics, fingerprints, done and step
+    files = -(-rows // layout.SITE_STEP_CHUNK) * (2 + int(stats.shape[2]))
+    return values + files * 4096
 
 
 @holding("workbench upgrade", "path")
@@ -94,7 +106,14 @@ def upgrade_store(path: str | Path, *, progress: Callable[[str], None] | None = 
         raise ArgumentError(f"{plan.summary()}: not enough room; free {_mb(plan.space_needed - plan.free_bytes)} "
                             "more on that filesystem")
     if run.has_sites:
-        _rewrite_sites(run, progress or (lambda _: None))
+        try:
+            _rewrite_sites(run, progress or (lambda _: None))
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            raise ArgumentError(f"{run.path}: the disk filled while the per-site records were rewritten; the store "
+                                f"is unchanged (schema {plan.schema_version}) and the copy is removed. "
+                                f"{plan.summary()}") from err
     update_manifest(run.path, schema_version=layout.SCHEMA_VERSION,
                     upgraded={"from_schema": plan.schema_version, "at": now()})
     return plan

@@ -81,11 +81,43 @@ def _writable(group: zarr.Group, name: str) -> zarr.Array:
 
 def staging_folder(run_dir: Path, final: Path) -> Path:
     """A fresh folder in ``run_dir`` for building ``final`` (same filesystem, so the move is one rename;
-    outside the store, so no reader lists it as a member)."""
+    outside the store, so no reader lists it as a member). What killed writers left of ``final`` is reclaimed
+    first (``reclaim_leftovers``)."""
+    reclaim_leftovers(run_dir, final)
     staging = run_dir / f".{final.name}.creating-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
     return staging
+
+
+def reclaim_leftovers(run_dir: Path, final: Path) -> list[Path]:
+    """The staging and set-aside copies of ``final`` (``.NAME.creating-PID``, ``.NAME.replaced-PID``) whose
+    process is gone, reclaimed: a set-aside copy whose ``final`` is missing (the writer was killed between the
+    two renames of ``move_into_place``) is moved back, every other one is deleted. The caller holds the run
+    folder's writer lock, so no living writer owns them; a folder of a process still alive is left alone.
+    Returns the folders reclaimed."""
+    reclaimed = []
+    for pattern in (f".{final.name}.replaced-*", f".{final.name}.creating-*"):
+        for path in sorted(run_dir.glob(pattern)):
+            pid = path.name.rsplit("-", 1)[1]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            if pattern.startswith(f".{final.name}.replaced") and not final.exists():
+                os.rename(path, final)  # the original, set aside by a writer killed before its copy moved in
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            reclaimed.append(path)
+    return reclaimed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no process has: left alone
+    return True
 
 
 def move_into_place(staging: Path, final: Path) -> None:
