@@ -200,11 +200,10 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
                    for axis in out.select_xaxes() if axis.tickangle not in (None, 0)), default=0.0)
     lines = sum(str(a.text).count("<br>") + 1 for a in footers)  # as wrapped now; fit_footer adds the difference
     bottom = round((4.8 + 1.5 * title_breaks + max(0.0, slanted - 1)) * font + 1.3 * small * lines)
-    plot_height = height
-    out.update_layout(width=width, height=plot_height + top + bottom, font=dict(size=font), title=None,
+    out.update_layout(width=width, height=height + top + bottom, font=dict(size=font), title=None,  # height: plot's
                       margin=dict(l=left, r=right, t=top, b=bottom),
                       legend=dict(font=dict(size=font), orientation="h", x=0, xanchor="left",
-                                  y=1.0 + above / plot_height, yanchor="bottom"))
+                                  y=1.0 + above / height, yanchor="bottom"))
     for annotation in out.layout.annotations:
         annotation.update(font=dict(size=small if annotation.name == "provenance" else font))
     fit_footer(out, gap=2)
