@@ -86,7 +86,7 @@ def test_identical_runs_heatmap_and_amplification() -> None:
     heatmap = divergence_heatmap(result)
     assert "bitwise identical" in heatmap.layout.title.text
     assert len(heatmap.data) == 1
-    assert [a.text for a in heatmap.layout.annotations] == ["bitwise identical: every site, every step"]  # on it
+    assert [a.text for a in heatmap.layout.annotations] == ["bitwise identical:<br>every site, every step"]  # on it
     assert "nothing to amplify" in amplification_figure(result).layout.title.text
 
 
@@ -150,7 +150,7 @@ def test_the_difference_panel_shows_magnitudes_on_a_log_axis_small_and_large_ali
     assert np.isnan(tiny[:2]).all() and np.allclose(tiny[2:], [1e-7, 1e-7, 2e-7, 4e-7])  # equal: a gap
     assert np.allclose(np.asarray(lower["large"].y, dtype=float), 0.1)
     assert np.isnan(np.asarray(lower["same"].y, dtype=float)).all()
-    said = [a.text for a in fig.layout.annotations if "equal to ref" in str(a.text)]
+    said = [t.name for t in fig.data if "equal to ref" in str(t.name)]  # in the legend, over no curve
     assert said == ["equal to ref at every step: same"]
     band = [t for t in fig.data if t.yaxis == "y2" and t.name == "noise floor (repeats)"][0]
     assert max(v for v in band.y if v is not None) == pytest.approx(3e-6)  # the larger side of the envelope

@@ -250,7 +250,7 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
         _label_first(fig, result.first_step, str(result.first_site), y=y0, rows=len(row_names),
                      row=row_names.index(y0), steps=(columns[0], columns[-1]))
     if result.identical and full.size:  # an all-grey matrix says it only through its colour bar
-        fig.add_annotation(text="bitwise identical: every site, every step", xref="paper", yref="paper", x=0.5,
+        fig.add_annotation(text="bitwise identical:<br>every site, every step", xref="paper", yref="paper", x=0.5,
                            y=0.5, showarrow=False, bgcolor="rgba(255,255,255,0.85)", font=dict(size=FONT_SIZE + 2))
     title = f"{result.a} vs {result.b}: " + ("bitwise identical" if result.identical else
                                              f"first divergence at step {result.first_step}")

@@ -6,7 +6,7 @@
 Pure: pandas Series indexed by step in, a figure out. With a reference the lower panel shows every
 other run's difference from the reference: by default its magnitude on a log scale, so that 1e-7 and
 1e-1 are both visible (a step where a run equals the reference bitwise is a gap, and a run equal at
-every step shown is named in the panel); signed and linear with ``magnitude=False``. The noise floor
+every step shown is named in the legend); signed and linear with ``magnitude=False``. The noise floor
 (the envelope of repeats of one configuration) is drawn as a grey band in both panels, the seed-to-seed
 spread (runs that differ only in seed) as a blue one. ``anomalies`` (a ``find_anomalies`` table, with a
 ``run`` column when there are several runs) are marked on the curves by
@@ -82,10 +82,10 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         measure = f"relative to {reference}" if relative else f"minus {reference}"
         fig.update_yaxes(title=f"|{measure}|" if magnitude else measure, type="log" if magnitude else "linear",
                          exponentformat="power", row=2, col=1)
-        if equal:
-            fig.add_annotation(text=f"equal to {reference} at every step: {', '.join(equal)}", showarrow=False,
-                               xref="x2 domain", yref="y2 domain", x=0.01, y=0.97, xanchor="left", yanchor="top",
-                               font=dict(size=11), bgcolor="rgba(255,255,255,0.8)")
+        if equal:  # said in the legend, where it covers no curve (a log axis has no place for a zero)
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", marker=dict(color="rgba(0,0,0,0)"),
+                                     name=f"equal to {reference} at every step: {', '.join(equal)}",
+                                     hoverinfo="skip", legendrank=2000), row=2, col=1)
     apply_style(fig, title=title or f"{quantity} of {len(series)} {'run' if len(series) == 1 else 'runs'}",
                 provenance=provenance, height=600 if with_diff else 460)
     fig.update_yaxes(title=quantity, type="log" if log_y else "linear", row=1, col=1)
