@@ -36,6 +36,22 @@ def test_there_are_seven_notebooks_without_committed_outputs() -> None:
         assert all("id" in c for c in raw["cells"]), f"{path.name}: a cell without an id (nbformat 4.5)"
 
 
+def _say_slow_cells(nb: nbformat.NotebookNode, name: str, limit_s: float = 30.0) -> None:
+    """Warn of each cell that took longer than ``limit_s`` (nbclient's timing), so that a slow run says where (in
+    pytest's warnings summary, which pytest-xdist's workers report)."""
+    import warnings
+    from datetime import datetime
+
+    for i, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+            if seconds > limit_s:
+                warnings.warn(f"{name}: cell {i} took {seconds:.0f} s: {cell.source.splitlines()[-1][:80]}",
+                              stacklevel=1)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if path.stem == "07-replay-and-bisect" and CHROMIUM is not None:
@@ -46,6 +62,7 @@ def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypa
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
                             store_widget_state=True)
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(mini_demo)})
+    _say_slow_cells(nb, path.name)
     text = _text(nb)
     expected = {
         "01-quick-start": ["det-r0 vs det-r1: bitwise identical", "det-r0 vs nondet-r0: first differ at step"],
