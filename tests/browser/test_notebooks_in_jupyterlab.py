@@ -120,7 +120,14 @@ def _notebook_running(jupyterlab, notebook: Path, height: int):  # type: ignore[
             _wait(kernel_ready, BUSY_MS / 1000, "the notebook's kernel to connect")
             page.wait_for_function("window.jupyterapp !== undefined", timeout=BUSY_MS)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            yield page
+            try:
+                yield page
+            except BaseException:  # what the page showed when a wait ran out: its screenshot and its text
+                page.screenshot(path=str(ARTIFACTS / f"failed-{notebook.stem}.png"), full_page=True)
+                text = page.locator(".jp-Notebook").inner_text(timeout=10_000)
+                print(f"{notebook.name}: the page's text when the test failed (screenshot in "
+                      f"{ARTIFACTS / f'failed-{notebook.stem}.png'}):\n{text[-3000:]}")
+                raise
         finally:
             browser.close()
 
