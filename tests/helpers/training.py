@@ -8,7 +8,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.runner import zygote as zygotes
+from workbench.runner.launch import _free_port as free_port  # the port the runner's launcher would take
 
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -147,9 +147,7 @@ def run_forked(script: Path, argv: list[str], ranks: int, timeout_s: float = 900
     (after ``FAILED_PEERS_S`` to end on their own) and the exit code is 1; the ranks' output, rank by rank, is
     both ``stdout`` and ``stderr`` of the result."""
     zygote = zygotes.Zygote.shared(os.environ)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="ranks-"))
     started = []
     for rank in range(ranks):
