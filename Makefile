@@ -44,9 +44,14 @@ MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser
 TIMES := build/test-times.jsonl
 timed = WORKBENCH_TEST_TIMES=$(CURDIR)/$(TIMES) WORKBENCH_TEST_PHASE="$(1)"
 
-.PHONY: setup demo test times test-current test-floor test-range lint bench clean chromium
+.PHONY: setup environments demo test times test-current test-floor test-range lint bench clean chromium
 
-setup: $(CURRENT)/.installed $(FLOOR)/.installed $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v)) chromium
+# The two environments install side by side (each mostly waits on its downloads), then the overlays over
+# .venv-current; chromium beside them.
+setup:
+	@$(MAKE) --no-print-directory -j4 environments
+
+environments: $(CURRENT)/.installed $(FLOOR)/.installed $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v)) chromium
 
 # $(1): venv folder, $(2): interpreter, $(3): what it is, $(4): constraints file
 define make_venv
@@ -70,7 +75,7 @@ $(CURRENT)/megatron-%: | $(CURRENT)/.installed
 demo: $(CURRENT)/.installed chromium
 	$(CURRENT)/bin/workbench demo --out data/runs/demo
 
-test: times test-current test-floor test-range
+test: setup times test-current test-floor test-range
 	@$(CURRENT)/bin/python tests/budget.py $(TIMES)
 
 times:

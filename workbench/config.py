@@ -160,7 +160,9 @@ class LayoutConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW with warm-up and cosine decay, gradient clipping and (fp16) loss scaling."""
+    """Megatron's optimizer (``get_megatron_optimizer``: Adam with decoupled weight decay, fp32 main parameters
+    under bf16 and fp16) with warm-up and cosine decay, gradient clipping and (fp16) loss scaling; optionally
+    the distributed optimizer and Megatron DDP's overlapped communication, as large runs train."""
 
     lr: float = 3e-3
     """Peak learning rate, reached at the end of warm-up."""
@@ -179,6 +181,15 @@ class OptimConfig:
     """fp16 only: starting dynamic loss scale."""
     loss_scale_window: int = 50
     """fp16 only: steps without overflow before the loss scale doubles."""
+    use_distributed_optimizer: bool = False
+    """Megatron's distributed optimizer (ZeRO-1): each data-parallel rank reduces, updates and keeps the
+    optimizer state of its own shard of every gradient buffer, then the updated parameters are gathered."""
+    overlap_grad_reduce: bool = False
+    """Megatron DDP starts each bucket's gradient reduction as soon as its gradients are ready, during the
+    backward pass of the last micro-batch."""
+    overlap_param_gather: bool = False
+    """With the distributed optimizer: the updated parameters are gathered during the next forward pass
+    (bucket by bucket, in its pre-hooks), not at the end of the step."""
 
     def __post_init__(self) -> None:
         for name in ("lr", "beta1", "beta2", "eps", "initial_loss_scale"):
@@ -193,6 +204,11 @@ class OptimConfig:
         _require(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "optim.warmup_steps",
                  self.warmup_steps, "a whole number >= 0")
         _positive("optim.loss_scale_window", self.loss_scale_window)
+        for name in ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
+            _require(isinstance(getattr(self, name), bool), f"optim.{name}", getattr(self, name), "true or false")
+        _require(not self.overlap_param_gather or self.use_distributed_optimizer, "optim.overlap_param_gather",
+                 self.overlap_param_gather, "false without optim.use_distributed_optimizer (only the distributed "
+                 "optimizer gathers parameters)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -492,7 +508,8 @@ class RunConfig:
     def numerics_hash(self, *, seed: bool = True, layout: bool = True) -> str:
         """Hash of everything that shapes the numbers (the name excluded): equal configs, equal hash.
         Without ``seed``: equal for runs that differ only in their initialisation seed; without ``layout``,
-        for runs that differ only in how the work is split (the same model and training)."""
+        for runs that differ only in how the work is split (the same model and training; the distributed
+        optimizer and overlapped communication count as the layout)."""
         data = self.to_dict()
         data.pop("name")
         if not seed:
@@ -515,6 +532,12 @@ class RunConfig:
             layout_fields.pop("sp")
         if self.layout.vp == 1:
             layout_fields.pop("vp")
+        # How the optimizer's work and communication are split over the data-parallel ranks is part of the
+        # layout; runs without them keep the hash they had before they existed.
+        sharing = {flag: data["optim"].pop(flag) for flag in ("use_distributed_optimizer", "overlap_grad_reduce",
+                                                             "overlap_param_gather")}
+        if any(sharing.values()):
+            layout_fields["optimizer"] = {flag: on for flag, on in sharing.items() if on}
         if layout:
             data["layout"] = layout_fields
         if data["fault"]["kind"] == FaultKind.NONE.value:

@@ -140,6 +140,27 @@ def resolve(deterministic: bool, requested: Mapping[str, bool | None] | None = N
     return states
 
 
+def emulation_conflicts(cfg: Any) -> list[str]:
+    """What stops the CPU emulation of a source that ``cfg`` (a ``RunConfig``) switches on: one line per
+    source, naming the source and the setting it cannot be emulated with; empty when every emulation can run.
+    The runner's emulations check the same things on the model once it is built; this says it before any run
+    starts, from the config alone."""
+    states = cfg.source_states(on_gpu=False)
+    on = {name for name, state in states.items() if state is SourceState.ON}
+    o, conflicts = cfg.optim, []
+    if "dp_allreduce" in on:
+        settings = [f"optim.{flag} = true" for flag in ("use_distributed_optimizer", "overlap_grad_reduce")
+                    if getattr(o, flag)]
+        if settings:
+            conflicts.append(f"nondeterminism source dp_allreduce cannot be emulated with {' and '.join(settings)} "
+                             "(its emulation replaces Megatron DDP's one all-reduce per bucket, which those "
+                             "replace by a reduce-scatter or start during the backward)")
+    if "splitk_gemm" in on and cfg.layout.sp:
+        conflicts.append("nondeterminism source splitk_gemm cannot be emulated with layout.sp = true (its "
+                         "emulated GEMM does not split the sequence)")
+    return conflicts
+
+
 def live_sources(fast: Mapping[str, bool], *, on_gpu: bool,
                  present: Callable[[str], bool] = _importable) -> dict[str, SourceState]:
     """Each source's state in a process that set its knobs itself (a researcher's own loop): ``fast`` says, per

@@ -140,8 +140,10 @@ FAILED_PEERS_S = 30.0
 """How long the other ranks have to end on their own after one fails, before they are stopped."""
 
 
-def run_forked(script: Path, argv: list[str], ranks: int, timeout_s: float = 900.0) -> subprocess.CompletedProcess[str]:
-    """``python SCRIPT ARGV`` on ``ranks`` ranks forked by the runner's zygote, each with the variables
+def run_forked(script: Path | None, argv: list[str], ranks: int, timeout_s: float = 900.0, *,
+               module: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGV`` (or ``python -m MODULE ARGV``) on ``ranks`` ranks forked by the runner's zygote, in
+    this process's environment with ``env`` over it, each with the variables
     ``torchrun --standalone`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, a free local
     ``MASTER_PORT``, ``OMP_NUM_THREADS=1`` unless set). As torchrun does, when a rank fails the others are stopped
     (after ``FAILED_PEERS_S`` to end on their own) and the exit code is 1; the ranks' output, rank by rank, is
@@ -151,11 +153,11 @@ def run_forked(script: Path, argv: list[str], ranks: int, timeout_s: float = 900
     logs = Path(tempfile.mkdtemp(prefix="ranks-"))
     started = []
     for rank in range(ranks):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}
-        env.setdefault("OMP_NUM_THREADS", "1")
-        started.append(zygote.start(argv, env, logs / f"rank{rank}.log", script=script))
+        variables = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(ranks),
+                     "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        variables.setdefault("OMP_NUM_THREADS", "1")
+        started.append(zygote.start(argv, variables, logs / f"rank{rank}.log", script=script, module=module))
     deadline, failed_at, timed_out = time.monotonic() + timeout_s, None, False
     while True:
         codes = [rank.poll() for rank in started]
@@ -176,6 +178,7 @@ def run_forked(script: Path, argv: list[str], ranks: int, timeout_s: float = 900
     codes = [rank.poll() for rank in started]
     output = "".join((logs / f"rank{rank}.log").read_text(errors="replace") for rank in range(ranks))
     shutil.rmtree(logs, ignore_errors=True)
+    command = [str(script) if script else f"-m {module}", *argv]
     if timed_out:
-        raise subprocess.TimeoutExpired([str(script), *argv], timeout_s, output=output)
-    return subprocess.CompletedProcess([str(script), *argv], 0 if all(c == 0 for c in codes) else 1, output, output)
+        raise subprocess.TimeoutExpired(command, timeout_s, output=output)
+    return subprocess.CompletedProcess(command, 0 if all(c == 0 for c in codes) else 1, output, output)

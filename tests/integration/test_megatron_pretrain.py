@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("megatron.training.training", reason="megatron-core before 0.17 ships no pretrain()")
 
+from tests.helpers.training import run_forked  # noqa: E402
 from workbench.analysis.compare import compare  # noqa: E402
 from workbench.store.manifest import MEGATRON_LM_PRETRAIN  # noqa: E402
 from workbench.store.reader import open_run  # noqa: E402
@@ -36,21 +37,25 @@ ZERO1 = ("--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-para
 """What large runs pass: the distributed optimizer, overlapped gradient reduction and parameter gathering."""
 
 
-def _pretrain(root: Path, name: str, flip: str | None = None, args: tuple[str, ...] = ARGS) -> Path:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if flip:
-        env["WORKBENCH_TEST_FLIP"] = flip
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "workbench.megatron_lm", str(ENTRY), *args, "--data-cache-path",
-                             str(root / "cache" / name), "--workbench-run", str(root / name)],
-                            capture_output=True, text=True, timeout=900, env=env, cwd=root)
+def _pretrain(root: Path, name: str, flip: str | None = None, args: tuple[str, ...] = ARGS,
+              torchrun: bool = True) -> Path:
+    """The launcher on two ranks: started by torchrun, or forked from the runner's zygote with the variables
+    torchrun sets (the same records: ``a``, by torchrun, and ``b``, forked, are compared bitwise)."""
+    env = {"OMP_NUM_THREADS": "1", **({"WORKBENCH_TEST_FLIP": flip} if flip else {})}
+    argv = [str(ENTRY), *args, "--data-cache-path", str(root / "cache" / name), "--workbench-run", str(root / name)]
+    if torchrun:
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", "-m", "workbench.megatron_lm", *argv], capture_output=True, text=True,
+                                timeout=900, env={**os.environ, **env}, cwd=root)
+    else:
+        result = run_forked(None, argv, 2, module="workbench.megatron_lm", env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     return root / name
 
 
 class Pretrained:
     """Runs of the entry script, each launched the first time a test asks for it (``make test-range`` asks
-    for one on each older megatron-core)."""
+    for one on each older megatron-core): ``a`` by torchrun, the others forked from the runner's zygote."""
 
     FLIPS = {"flip": "2:decoder.layers.1.mlp"}
     ARGS = {"dp2": DP2, "zero1": (*DP2, *ZERO1)}
@@ -60,7 +65,8 @@ class Pretrained:
 
     def __truediv__(self, name: str) -> Path:
         if not (self.root / name).exists():
-            _pretrain(self.root, name, flip=self.FLIPS.get(name), args=self.ARGS.get(name, ARGS))
+            _pretrain(self.root, name, flip=self.FLIPS.get(name), args=self.ARGS.get(name, ARGS),
+                      torchrun=name == "a")
         return self.root / name
 
 
@@ -85,6 +91,7 @@ def test_pretrain_is_recorded_with_every_site_kind_and_its_scalars(pretrained: P
 
 
 def test_two_pretrain_runs_are_bitwise_identical(pretrained: Pretrained) -> None:
+    # one started by torchrun, one forked from the runner's zygote: the other runs here are forked
     assert compare(open_run(pretrained / "a").records(), open_run(pretrained / "b").records()).identical
 
 

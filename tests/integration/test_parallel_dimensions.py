@@ -126,8 +126,15 @@ def test_the_virtual_pipeline_reorders_the_schedule_only(runs: Runs) -> None:
     vp2 = open_run(runs.get("l4-pp2-vp2", **L4, **{"layout.pp": 2, "layout.vp": 2}))
     assert vp2.attrs["layout"]["vp"] == 2 and vp2.status == "complete"
     # each rank holds layers (0, 2) or (1, 3) and runs the interleaved 1F1B: the same operations on the same
-    # micro-batches in another order, bitwise the same run
-    assert compare(pp2.records(), vp2.records()).identical
+    # micro-batches in another order, so every tensor of the step's forward and backward is bitwise the same;
+    # Megatron's optimizer then sums the squared gradient norm over its parameter groups, which hold the two
+    # chunks' parameters in another order: the norm moves in its last bits, and with it the clipped update
+    result = compare(pp2.records(), vp2.records())
+    assert result.first_step == 0 and str(result.first_site).startswith("exp_avg:"), result.first_site
+    steps_before = [s for s in result.common_sites if s.split(":")[0] in ("param", "act", "act_grad", "grad", "loss")]
+    assert len(steps_before) > 20 and all(result.equal.loc[0, s] for s in steps_before)
+    a, b = pp2.scalars["grad_norm"].to_numpy(), vp2.scalars["grad_norm"].to_numpy()
+    assert np.abs(a[0] - b[0]) <= 1e-6 * a[0]
 
 
 def test_an_expert_parallel_run_resumes_bitwise(runs: Runs, tmp_path: Path) -> None:

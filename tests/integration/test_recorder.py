@@ -22,6 +22,10 @@ def test_every_layout_records_the_same_sites_in_the_same_order(runs: Runs, name:
     other = open_run(runs.get(name, **LAYOUTS[name])).site_table()
     assert list(other.index) == list(reference.index)
     assert (other["shape"] == reference["shape"]).all()
+    # the runner trains with Megatron's optimizer: its Adam moments are found for every parameter
+    params = set(other.loc[other["kind"] == "param", "name"])
+    for kind in ("exp_avg", "exp_avg_sq"):
+        assert set(other.loc[other["kind"] == kind, "name"]) == params, kind
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -88,3 +88,38 @@ def test_starting_at_another_layout_needs_the_same_training(runs: Runs, tmp_path
         launch(tiny_config("other-lr", **{"optim.lr": 0.02}), tmp_path / "x", start_from=source)
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         launch(tiny_config("nowhere"), tmp_path / "y", start_from=tmp_path)
+
+
+ZERO1 = {"layout.dp": 2, "precision": "bf16", "optim.use_distributed_optimizer": True,
+         "optim.overlap_grad_reduce": True, "optim.overlap_param_gather": True}
+"""What large runs train with: bf16 over fp32 main parameters, Megatron's distributed optimizer, overlapped
+gradient reduction and parameter gathering."""
+
+
+def test_a_distributed_optimizer_run_resumes_bitwise_and_starts_another_layout(runs: Runs, tmp_path: Path) -> None:
+    from workbench.runner.checkpoint import load_full_state
+
+    uninterrupted = runs.get("zero1", steps=6, checkpoint_every=2, **ZERO1)
+    cfg = tiny_config("zero1-resumed", steps=6, checkpoint_every=2, **ZERO1)
+    resumed = tmp_path / "resumed"
+    launch(cfg, resumed, stop_after=3)
+    launch(cfg, resumed, resume=True)
+    run, reference = open_run(resumed), open_run(uninterrupted)
+    assert run.status == "complete" and run.attrs["resumes"] == [2]
+    for column in ("loss", "grad_norm", "lr"):
+        np.testing.assert_array_equal(run.scalars[column], reference.scalars[column], err_msg=column)
+    # each data-parallel rank's shards of the main parameters and moments, joined by name, at every checkpoint
+    for step in (4, 6):
+        a, b = (load_full_state(r / "checkpoints" / f"step_00000{step}") for r in (uninterrupted, resumed))
+        assert sorted(a["optimizer_named"]) == sorted(b["optimizer_named"])
+        for name, state in a["optimizer_named"].items():
+            assert sorted(state) == ["exp_avg", "exp_avg_sq", "master", "step"], name
+            assert all(torch.equal(state[k], b["optimizer_named"][name][k]) for k in state), name
+    # one process, Megatron's plain optimizer, from the sharded checkpoint: it holds every shard exactly
+    source = uninterrupted / "checkpoints" / "step_000002"
+    started = launch(tiny_config("one-rank", steps=6, checkpoint_every=2, precision="bf16"), tmp_path / "one-rank",
+                     start_from=source, stop_after=3)
+    before, after = load_full_state(source), load_full_state(started / "checkpoints" / "step_000002")
+    for name, state in before["optimizer_named"].items():
+        assert all(torch.equal(state[k], after["optimizer_named"][name][k]) for k in state), name
+    assert all(torch.equal(before["params"][n], after["params"][n]) for n in before["params"])

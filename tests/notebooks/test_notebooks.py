@@ -87,6 +87,7 @@ def test_notebook_executes_on_a_folder_of_user_runs(path: Path, user_runs: Path,
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(user_runs)})  # raises on any cell's error
+    _say_slow_cells(nb, path.name)
     text = _text(nb)
     assert "det-r0" not in text and "nondet-r" not in text
     expected = {
@@ -122,6 +123,7 @@ def test_the_cost_notebook_says_which_source_matters(sources_study: Path, tmp_pa
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(sources_study)})
+    _say_slow_cells(nb, path.name)
     text = _text(nb)
     for snippet in ("attention_backward", "act_grad:layers.1.input_layernorm", "splitk_gemm", "act:layers.0.mlp",
                     "tax_percent"):

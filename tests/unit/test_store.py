@@ -135,6 +135,7 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path: Path) -> None:
     the reader sees no store or a whole one, never a group without its arrays (the race a busy
     machine exposed)."""
     import threading
+    import time
 
     from workbench.errors import DamagedStoreError
     from workbench.store.synthetic import write_synthetic_run as write_with_sites
@@ -144,10 +145,11 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path: Path) -> None:
                                                 for i in range(count)])
     producer.start()
     seen = {"scalars": 0, "sites": 0}
+    whole: set[Path] = set()  # seen with its sites: read no more, so the reader keeps up with the producer
     try:
         while producer.is_alive():
             for run_dir in sorted(tmp_path.glob("run*")):
-                if not (run_dir / layout.STORE_DIR).exists():
+                if run_dir in whole or not (run_dir / layout.STORE_DIR).exists():
                     continue
                 try:
                     run = open_run(run_dir)
@@ -156,8 +158,10 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path: Path) -> None:
                     if run.has_sites:
                         assert run.fingerprints().shape[1] == 6
                         seen["sites"] += 1
+                        whole.add(run_dir)
                 except DamagedStoreError as err:
                     pytest.fail(f"a reader saw a half-made store: {err}")
+            time.sleep(0.001)  # each pass lets the producer's thread have the interpreter
     finally:
         producer.join()
     assert seen["scalars"] > 0 and seen["sites"] > 0

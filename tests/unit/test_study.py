@@ -84,3 +84,37 @@ def test_the_parallel_study_starts_a_run_from_another_layouts_checkpoint() -> No
     started = runs["tp1-from-tp2"]
     assert started.start_from == ("tp2", 10) and started.config.layout.tp == 1
     assert list(runs).index("tp2") < list(runs).index("tp1-from-tp2")
+
+
+def test_a_study_asking_for_an_emulation_its_config_excludes_is_refused_before_any_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU, the emulated data-parallel all-reduce replaces Megatron DDP's one all-reduce per bucket: with the
+    distributed optimizer (a reduce-scatter) there is nothing to replace. The study says so naming the run, the
+    source and the setting, and no run starts, not even the ones it could emulate."""
+    from workbench.errors import UnsupportedError
+    from workbench.runner import launch
+    from workbench.studies.study import run_study
+
+    monkeypatch.setattr(launch, "_has_gpu", lambda: False)  # what a CPU emulates (on a GPU nothing is emulated)
+    base = BASE.with_overrides({"deterministic": False, "layout.dp": 4})
+    study = expand_study({"name": "zero1", "runs": [
+        {"name": "plain", "nondeterminism": {"dp_allreduce": True}},
+        {"name": "sharded", "nondeterminism": {"dp_allreduce": True}, "optim": {"use_distributed_optimizer": True}},
+        {"name": "sp", "layout": {"tp": 2, "sp": True}, "nondeterminism": {"splitk_gemm": True}}]}, base)
+    with pytest.raises(UnsupportedError) as err:
+        run_study(study, tmp_path / "out", lambda *args: None)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "sharded: nondeterminism source dp_allreduce" in message
+    assert "optim.use_distributed_optimizer = true" in message and "(and 1 more)" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_distributed_optimizer_is_part_of_the_layout_in_the_numerics_hash() -> None:
+    sharded = BASE.with_overrides({"layout.dp": 2, "optim.use_distributed_optimizer": True,
+                                   "optim.overlap_grad_reduce": True})
+    plain = BASE.with_overrides({"layout.dp": 2})
+    assert sharded.numerics_hash() != plain.numerics_hash()
+    assert sharded.numerics_hash(layout=False) == plain.numerics_hash(layout=False) == BASE.numerics_hash(layout=False)
+    with pytest.raises(ConfigError, match="optim.overlap_param_gather"):
+        BASE.with_overrides({"optim.overlap_param_gather": True})

@@ -78,9 +78,9 @@ def model_state(step: int = 1) -> dict[str, Any]:
     """A model file of a one-parameter workbench checkpoint, as the runner writes it."""
     w = torch.arange(6.0).reshape(2, 3)
     return {"step": step, "params": {"w": w}, "shards": {"w": None},
-            "optimizer": {"names": ["w"], "masters": {"w": w.clone()}, "param_groups": [], "scaler": None,
-                          "adam_state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2, 3),
-                                             "exp_avg_sq": torch.zeros(2, 3)}}},
+            "optimizer": {"format": "megatron-by-name", "masters": {"w": w.clone()}, "scalers": [],
+                          "moments": {"w": {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2, 3),
+                                            "exp_avg_sq": torch.zeros(2, 3)}}},
             "scheduler": {"num_steps": step}}
 
 
@@ -154,6 +154,30 @@ def test_a_damaged_torch_file_is_one_line_naming_it(tmp_path: Path, damage: str)
     with pytest.raises(CheckpointError) as err:
         load_torch_file(path)
     assert_one_line(err, path, "truncated or corrupt")
+
+
+@pytest.mark.parametrize("optimizer, words", [
+    ({"names": ["w"], "masters": {"w": torch.zeros(2, 3)}, "param_groups": [], "scaler": None,
+      "adam_state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2, 3), "exp_avg_sq": torch.zeros(2, 3)}}},
+     ("former CPU optimizer", "train the run again")),
+    ({"state": {0: {"exp_avg": torch.zeros(2, 3)}}, "param_groups": [{"params": [0]}]},
+     ("no optimizer state by parameter name", "train the run again"))], ids=["former-cpu-adamw", "by-group-index"])
+def test_a_checkpoint_of_another_optimizer_state_is_refused_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, optimizer: dict[str, Any], words: tuple[str, ...]) -> None:
+    """Checkpoints that the workbench wrote before its runs trained with Megatron's optimizer (its own AdamW's
+    state by index), or any other optimizer's state, are never loaded into Megatron's optimizer."""
+    from workbench.runner import checkpoint
+    from workbench.store.layout import RunPaths
+
+    paths = RunPaths(tmp_path / "run")
+    directory = write_checkpoint(paths.checkpoint(1))
+    torch.save({**model_state(), "optimizer": optimizer}, directory / "model_tp0_pp0.pt")
+    monkeypatch.setattr(checkpoint, "_model_file", lambda d: d / "model_tp0_pp0.pt")  # no parallel state here
+    monkeypatch.setattr(checkpoint.dist, "get_rank", lambda: 0)
+    for load in (checkpoint.load_full_state, lambda d: checkpoint.load(paths, 1)):
+        with pytest.raises(CheckpointError) as err:
+            load(directory)
+        assert_one_line(err, directory / "model_tp0_pp0.pt", *words)
 
 
 def test_every_checkpoint_loader_refuses_a_poisoned_model_file(tmp_path: Path, marker: Path,

@@ -264,6 +264,9 @@ def _read_model_file(path: Path) -> dict[str, Any]:
     if lacking:
         raise CheckpointError(f"{path}: holds no {lacking[0]!r}, so it is not a model file of a workbench "
                               "checkpoint; write the checkpoint again, or copy it again from its source")
+    from workbench.runner.optimizer import check_state_format
+
+    check_state_format(state["optimizer"], str(path))
     return state  # type: ignore[no-any-return]
 
 
@@ -313,27 +316,19 @@ def load_full_params(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def load_full_state(directory: str | Path) -> dict[str, Any]:
     """A checkpoint as full tensors, for a run of another layout to start from: ``params`` and, per name,
-    the optimizer's ``master``, ``exp_avg``, ``exp_avg_sq`` and ``step``; the ``scheduler`` state and the
-    ``optimizer`` state of one file (its hyper-parameters and loss scaler)."""
-    from workbench.runner.optimizer import adam_order
-
+    the optimizer's ``master`` and (once a step was taken) ``exp_avg``, ``exp_avg_sq`` and ``step``; the
+    ``scheduler`` state and the ``optimizer`` entry of one file (its loss scalers)."""
     states = [_read_model_file(f) for f in _checkpoint_files(Path(directory))]
-    if any("masters" not in state["optimizer"] for state in states):
-        raise CheckpointError(f"{directory}: written by Megatron's own optimizer (a GPU run); starting another "
-                              "layout from it needs the CPU runner's optimizer state")
     pieces: dict[str, list[tuple[dict[str, torch.Tensor], dict[str, list[int] | None]]]] = {
         key: [] for key in ("params", "master", "exp_avg", "exp_avg_sq")}
     steps: dict[str, torch.Tensor] = {}
     for state in states:
         opt = state["optimizer"]
-        names = list(opt["names"])
-        order = adam_order(names, [state["params"][n].ndim for n in names])
-        moments = {name: opt["adam_state"][i] for i, name in enumerate(order) if i in opt["adam_state"]}
         pieces["params"].append((state["params"], state["shards"]))
         pieces["master"].append((opt["masters"], state["shards"]))
         for key in ("exp_avg", "exp_avg_sq"):
-            pieces[key].append(({n: m[key] for n, m in moments.items()}, state["shards"]))
-        steps.update({n: m["step"] for n, m in moments.items()})
+            pieces[key].append(({n: m[key] for n, m in opt["moments"].items()}, state["shards"]))
+        steps.update({n: m["step"] for n, m in opt["moments"].items()})
     full = {key: _merge(parts) for key, parts in pieces.items()}
     named = {name: {"master": full["master"][name], "step": steps[name], "exp_avg": full["exp_avg"][name],
                     "exp_avg_sq": full["exp_avg_sq"][name]} if name in steps else {"master": full["master"][name]}

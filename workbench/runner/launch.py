@@ -24,7 +24,7 @@ from typing import Any
 
 from workbench import determinism
 from workbench.config import Precision, RunConfig
-from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError
+from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError, UnsupportedError
 from workbench.runner import zygote as zygotes
 from workbench.runner.zygote import ForkedRank
 from workbench.store import layout
@@ -278,6 +278,8 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
                                   "record.snapshot_steps": [k for k in cfg.record.snapshot_steps if k >= first]})
     if against is not None:
         _check_reference(cfg, Path(against), rtol)
+    if not _has_gpu() and (conflicts := determinism.emulation_conflicts(cfg)):
+        raise UnsupportedError(f"{cfg.name}: {conflicts[0]}")
     if cfg.precision is Precision.FP8:
         from workbench.runner.model import check_precision_supported  # imports torch: only for fp8
 

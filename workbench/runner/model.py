@@ -186,8 +186,10 @@ def build_model(cfg: RunConfig, device: torch.device) -> BuiltModel:
     check_precision_supported(cfg.precision, on_gpu)
     tconfig = transformer_config(cfg, on_gpu)
     vp = cfg.layout.vp
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=False)
+    o = cfg.optim
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=o.overlap_grad_reduce,
+                                               use_distributed_optimizer=o.use_distributed_optimizer,
+                                               overlap_param_gather=o.overlap_param_gather)
     chunks: list[DistributedDataParallel] = []
     gpts: list[GPTModel] = []
     layers: list[dict[int, int]] = []
@@ -214,7 +216,19 @@ def build_model(cfg: RunConfig, device: torch.device) -> BuiltModel:
         gpts.append(gpt)
         layers.append(global_layer)
     tconfig.finalize_model_grads_func = finalize_model_grads
+    _overlap(tconfig, chunks, o.overlap_grad_reduce)
     return BuiltModel(chunks=chunks, gpts=gpts, config=tconfig, global_layers=layers, first_expert=first)
+
+
+def _overlap(tconfig: TransformerConfig, chunks: list[DistributedDataParallel], grads: bool) -> None:
+    """What Megatron-LM's training loop sets under ``overlap_grad_reduce``: the schedule holds each bucket's
+    reduction back until the last micro-batch (``no_sync``) and starts a chunk's reductions as its backward
+    ends (``grad_sync_func``); one chunk takes the function, several a list. Under ``overlap_param_gather``
+    Megatron DDP's forward pre-hooks gather each bucket's updated parameters (its default, unaligned)."""
+    if grads:
+        no_sync, grad_sync = [chunk.no_sync for chunk in chunks], [chunk.start_grad_sync for chunk in chunks]
+        tconfig.no_sync_func = no_sync[0] if len(chunks) == 1 else no_sync
+        tconfig.grad_sync_func = grad_sync[0] if len(chunks) == 1 else grad_sync
 
 
 def parameter_seed(seed: int, name: str) -> int:

@@ -1,167 +1,40 @@
-"""The optimizer: Megatron's on GPU; on CPU an AdamW over fp32 master weights that behaves the same.
+"""The optimizer: Megatron's own (``get_megatron_optimizer``) on every device, and its state by parameter name.
 
-Megatron's mixed-precision optimizers check for CUDA tensor types, so on CPU this module
-does what ``Float16OptimizerWithFloat16Params`` / ``FP32Optimizer`` do: read the reduced
-gradients from Megatron DDP's ``main_grad`` buffers, unscale them and skip the step on
-overflow (fp16, Megatron's ``DynamicGradScaler``), clip by the global L2 norm over
-non-duplicated parameters (all-reduced over the model-parallel group), update fp32
-master weights with ``torch.optim.AdamW`` and copy them back into the model's dtype.
-Both optimizers answer ``step() -> (updated, grad_norm)``.
+On a GPU and on the CPU (``runner.cpu_compat`` maps its CUDA-only call sites) the runner trains with what
+Megatron-LM trains with: Adam with decoupled weight decay (no decay on biases and norms), its fp32 optimizer,
+its mixed-precision optimizer over fp32 main parameters (bf16, fp16 with its dynamic loss scaler), gradient
+clipping by the global norm, and, with ``optim.use_distributed_optimizer``, its distributed optimizer (each
+data-parallel rank keeps the main parameters and Adam moments of its own shard).
+
+A checkpoint keeps that state by parameter name, each the whole tensor of this rank's tensor-parallel shard
+(``named_state``): the distributed optimizer's shards are joined over its data-parallel group first. So a
+checkpoint does not depend on the data-parallel size or on whether the optimizer was distributed, and a run of
+another layout starts from it (``checkpoint.load_full_state``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state as ps
-from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from workbench.config import OptimConfig, Precision, RunConfig
-from workbench.recorder.targets import is_expert_parameter
+from workbench.config import Precision, RunConfig
+from workbench.errors import CheckpointError
+from workbench.recorder.targets import distributed_optimizers, optimizers
 from workbench.runner.model import BuiltModel
 
-
-class TrainingOptimizer(Protocol):
-    @property
-    def param_groups(self) -> list[dict[str, Any]]: ...
-
-    def step(self) -> tuple[bool, float]: ...
-    def loss_scale(self) -> float: ...
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+STATE_FORMAT = "megatron-by-name"
+"""The ``format`` of a checkpoint's optimizer entry (``MegatronOptimizer.state_dict``)."""
+MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def adam_order(names: list[str], ndims: list[int]) -> list[str]:
-    """The names in the order of the inner AdamW's state indices: decayed matrices first, then the rest."""
-    return [n for n, d in zip(names, ndims) if d >= 2] + [n for n, d in zip(names, ndims) if d < 2]
-
-
-def _is_duplicate(param: torch.Tensor) -> bool:
-    """True for a tensor-parallel replica that another TP rank also counts in the norm."""
-    return not getattr(param, "tensor_model_parallel", False) and ps.get_tensor_model_parallel_rank() > 0
-
-
-class MasterWeightAdamW:
-    """AdamW over fp32 master copies of the model's parameters, reading DDP's ``main_grad``."""
-
-    def __init__(self, model: BuiltModel, optim: OptimConfig, precision: Precision) -> None:
-        self._names, self._params = zip(*model.named_parameters(), strict=True)
-        # fp32 parameters are their own master copy, as in Megatron's FP32Optimizer.
-        self._masters = [p if p.dtype == torch.float32 else p.detach().float().clone() for p in self._params]
-        decay = [m for p, m in zip(self._params, self._masters) if p.ndim >= 2]
-        no_decay = [m for p, m in zip(self._params, self._masters) if p.ndim < 2]
-        self._inner = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": optim.weight_decay, "wd_mult": 1.0},
-             {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0}],
-            lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, foreach=False)
-        self._clip = optim.clip_grad
-        self._has_experts = any(is_expert_parameter(p) for p in self._params)
-        self._scaler = (DynamicGradScaler(initial_scale=optim.initial_loss_scale, min_scale=1.0,
-                                          growth_factor=2.0, backoff_factor=0.5,
-                                          growth_interval=optim.loss_scale_window, hysteresis=2)
-                        if precision is Precision.FP16 else None)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        # Forwarded, not copied: load_state_dict replaces the inner optimizer's group dicts.
-        return self._inner.param_groups
-
-    def loss_scale(self) -> float:
-        return float(self._scaler.scale.item()) if self._scaler else 1.0
-
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.loss_scale()
-
-    @torch.no_grad()
-    def step(self) -> tuple[bool, float]:
-        grads = [p.main_grad.float() for p in self._params]  # fp32 views of the reduced gradients
-        if self._scaler is not None:
-            inv = 1.0 / self.loss_scale()
-            grads = [g * inv for g in grads]
-            found = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))])
-            # with experts, an overflow in one expert-parallel rank's experts must skip the step everywhere
-            dist.all_reduce(found, op=dist.ReduceOp.MAX,
-                            group=None if self._has_experts else ps.get_model_parallel_group())
-            self._scaler.update(bool(found.item()))
-            if found.item():
-                return False, math.nan
-        norm = self._global_norm(grads)
-        coeff = self._clip / (norm + 1.0e-6)  # Megatron's clip_grad_by_total_norm_fp32
-        for master, grad in zip(self._masters, grads):
-            master.grad = grad * coeff if self._clip > 0 and coeff < 1.0 else grad
-        self._inner.step()
-        for param, master in zip(self._params, self._masters):
-            master.grad = None
-            if param is not master:
-                param.copy_(master)
-        return True, norm
-
-    def _global_norm(self, grads: list[torch.Tensor]) -> float:
-        """The L2 norm of the whole model's gradient: dense parameters summed over the model-parallel group,
-        experts (each held by one rank of an expert-parallel group) over the expert model-parallel group."""
-        dense = torch.zeros((), dtype=torch.float64)
-        experts = torch.zeros((), dtype=torch.float64)
-        for param, grad in zip(self._params, grads):
-            if is_expert_parameter(param):  # expert TP size is 1 in this runner: no replicas to skip
-                experts += grad.double().square().sum()
-            elif not _is_duplicate(param):
-                dense += grad.double().square().sum()
-        dist.all_reduce(dense, group=ps.get_model_parallel_group())
-        if self._has_experts:
-            dist.all_reduce(experts, group=ps.get_expert_tensor_model_pipeline_parallel_group())
-            dense += experts
-        return float(dense.sqrt())
-
-    def moments(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-        """(canonical name, exp_avg, exp_avg_sq) of every parameter that has AdamW state."""
-        found = []
-        for name, master in zip(self._names, self._masters):
-            state = self._inner.state.get(master)
-            if state and "exp_avg" in state:
-                found.append((name, state["exp_avg"], state["exp_avg_sq"]))
-        return found
-
-    def state_dict(self) -> dict[str, Any]:
-        inner = self._inner.state_dict()
-        return {
-            "names": list(self._names),
-            "masters": {n: m.detach().clone() for n, m in zip(self._names, self._masters)},
-            "adam_state": inner["state"],
-            "param_groups": inner["param_groups"],
-            "scaler": self._scaler.state_dict() if self._scaler else None,
-        }
-
-    @torch.no_grad()
-    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]) -> None:
-        """Load per-name masters and moments (this rank's shards of another layout's checkpoint); the
-        hyper-parameters and loss scaler from that checkpoint's optimizer ``state``."""
-        order = adam_order(list(self._names), [p.ndim for p in self._params])
-        adam = {i: {k: named[n][k] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(order)
-                if "exp_avg" in named[n]}
-        groups = self._inner.state_dict()["param_groups"]
-        groups = [{**theirs, "params": ours["params"]} for ours, theirs in zip(groups, state["param_groups"])]
-        self.load_state_dict({"names": list(self._names), "masters": {n: named[n]["master"] for n in self._names},
-                              "adam_state": adam, "param_groups": groups, "scaler": state["scaler"]})
-
-    @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if list(state["names"]) != list(self._names):
-            raise ValueError("checkpoint parameters do not match this model's parameters")
-        for name, master in zip(self._names, self._masters):
-            master.copy_(state["masters"][name])
-        self._inner.load_state_dict({"state": state["adam_state"], "param_groups": state["param_groups"]})
-        if self._scaler is not None and state["scaler"] is not None:
-            self._scaler.load_state_dict(state["scaler"])
-
-
-class MegatronOptimizerAdapter:
-    """Megatron's own optimizer (GPU), behind the same small interface; ``wrapped`` is Megatron's optimizer
-    itself (the recorder reads its Adam moments there)."""
+class MegatronOptimizer:
+    """Megatron's optimizer for the runner's model; ``wrapped`` is Megatron's optimizer itself (the recorder
+    reads the Adam moments and the distributed optimizer's shards there)."""
 
     def __init__(self, model: BuiltModel, cfg: RunConfig) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -172,37 +45,168 @@ class MegatronOptimizerAdapter:
             adam_beta2=o.beta2, adam_eps=o.eps, clip_grad=o.clip_grad,
             bf16=cfg.precision in (Precision.BF16, Precision.FP8), fp16=cfg.precision is Precision.FP16,
             initial_loss_scale=o.initial_loss_scale, loss_scale_window=o.loss_scale_window, hysteresis=2,
-            use_distributed_optimizer=False)
+            use_distributed_optimizer=o.use_distributed_optimizer)
         self.wrapped = get_megatron_optimizer(config, model.chunks)
+        self._named = model.named_parameters()
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self.wrapped.param_groups
+        return self.wrapped.param_groups  # type: ignore[no-any-return]
 
     def loss_scale(self) -> float:
         return float(self.wrapped.get_loss_scale().item())
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.wrapped.scale_loss(loss)
+        return self.wrapped.scale_loss(loss)  # type: ignore[no-any-return]
+
+    def zero_grad(self) -> None:
+        self.wrapped.zero_grad()
 
     def step(self) -> tuple[bool, float]:
         updated, norm, _ = self.wrapped.step()
         return bool(updated), float(norm) if norm is not None else math.nan
 
+    def _scalers(self) -> list[Any]:
+        return [part.grad_scaler for part in optimizers(self.wrapped) if getattr(part, "grad_scaler", None)]
+
+    def _entries(self) -> Iterator[tuple[str, torch.nn.Parameter, Any, torch.Tensor | None, tuple[int, int] | None]]:
+        """(name, model parameter, the optimizer part training it, its main parameter, span) of every parameter
+        the optimizer trains. Under the distributed optimizer ``span`` is the flat range of the parameter that
+        this rank owns ((0, 0) and no main parameter when it owns none), in the order of the part's buffers,
+        the same on every rank of its data-parallel group; otherwise None (all of it)."""
+        names = {id(param): name for name, param in self._named}
+        sharded = distributed_optimizers(self.wrapped)
+        for part in sharded:
+            for buffer in part.buffers:
+                for param in buffer.params:
+                    if param not in part.model_param_group_index_map:
+                        yield names[id(param)], param, part, None, (0, 0)
+                        continue
+                    group, order = part.model_param_group_index_map[param]
+                    found = part._get_model_param_range_map(param)["param"]
+                    yield names[id(param)], param, part, part.optimizer.param_groups[group]["params"][order], \
+                        (int(found.start), int(found.end))
+        masters: dict[int, tuple[Any, torch.Tensor]] = {}
+        for part in optimizers(self.wrapped):
+            if part in sharded:
+                continue
+            for model_group, main_group in zip(getattr(part, "float16_groups", []),
+                                               getattr(part, "fp32_from_float16_groups", [])):
+                masters.update({id(p): (part, m) for p, m in zip(model_group, main_group)})
+            for group in getattr(part, "optimizer", part).param_groups:  # fp32 parameters: their own main copy
+                masters.update({id(p): (part, p) for p in group["params"] if id(p) not in masters})
+        for name, param in self._named:
+            if id(param) in masters:
+                part, main = masters[id(param)]
+                yield name, param, part, main, None
+
+    @torch.no_grad()
+    def named_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per parameter name: ``master`` (the fp32 main parameter) and, once a step was taken, ``step``,
+        ``exp_avg`` and ``exp_avg_sq``, each the whole tensor of this rank's tensor-parallel shard
+        (collective over the data-parallel group under the distributed optimizer)."""
+        named: dict[str, dict[str, torch.Tensor]] = {}
+        shards: dict[Any, list[tuple[str, torch.nn.Parameter, dict[str, Any], tuple[int, int]]]] = {}
+        for name, param, part, main, span in self._entries():
+            state = getattr(part, "optimizer", part).state.get(main, {}) if main is not None else {}
+            tensors = {"master": main, **{key: state[key] for key in ("step", *MOMENTS) if key in state}}
+            if span is None:
+                named[name] = {k: torch.as_tensor(v).detach().clone() for k, v in tensors.items()}
+            else:
+                shards.setdefault(part, []).append((name, param, tensors, span))
+        for part, entries in shards.items():
+            named.update(_join_shards(part.data_parallel_group, entries))
+        return named
+
+    @torch.no_grad()
+    def load_named_state(self, named: dict[str, dict[str, torch.Tensor]], scalers: list[dict[str, Any]]) -> None:
+        """Load ``named_state``'s tensors (of this rank's tensor-parallel shard) and the loss scalers' state."""
+        for name, _, part, main, span in self._entries():
+            if name not in named or "master" not in named[name]:
+                raise CheckpointError(f"the checkpoint holds no optimizer state of parameter {name!r}")
+            if main is None:  # another data-parallel rank owns all of it
+                continue
+            entry = named[name]
+            main.copy_(_piece(entry["master"], span, main))
+            if "exp_avg" in entry:
+                state = getattr(part, "optimizer", part).state
+                state[main] = {"step": entry["step"].clone(),
+                               **{key: _piece(entry[key], span, main).to(main.dtype).clone() for key in MOMENTS}}
+        mine = self._scalers()
+        if len(scalers) != len(mine):
+            raise CheckpointError(f"the checkpoint holds {len(scalers)} loss scalers, this run's optimizer "
+                                  f"{len(mine)} (fp16 runs keep one)")
+        for scaler, state in zip(mine, scalers):
+            scaler.load_state_dict(state)
+
     def state_dict(self) -> dict[str, Any]:
-        return self.wrapped.state_dict()
+        named = self.named_state()
+        return {"format": STATE_FORMAT, "masters": {n: s["master"] for n, s in named.items()},
+                "moments": {n: {k: s[k] for k in ("step", *MOMENTS)} for n, s in named.items() if "exp_avg" in s},
+                "scalers": [scaler.state_dict() for scaler in self._scalers()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.wrapped.load_state_dict(state)
+        check_state_format(state, "the checkpoint")
+        named = {n: {"master": m, **state["moments"].get(n, {})} for n, m in state["masters"].items()}
+        self.load_named_state(named, state["scalers"])
 
 
-def build_optimizer(model: BuiltModel, cfg: RunConfig, on_gpu: bool) -> TrainingOptimizer:
-    if on_gpu:
-        return MegatronOptimizerAdapter(model, cfg)
-    return MasterWeightAdamW(model, cfg.optim, cfg.precision)
+def _piece(tensor: torch.Tensor, span: tuple[int, int] | None, main: torch.Tensor) -> torch.Tensor:
+    """The part of a whole parameter's ``tensor`` that ``main`` holds: its flat ``span``, or all of it."""
+    flat = tensor.reshape(-1)
+    return (flat if span is None else flat[span[0]:span[1]]).view(main.shape)
 
 
-def build_scheduler(optimizer: TrainingOptimizer, cfg: RunConfig) -> OptimizerParamScheduler:
+def check_state_format(state: Any, where: str) -> None:
+    """``CheckpointError`` in one line unless ``state`` is an optimizer entry that ``MegatronOptimizer`` wrote."""
+    if isinstance(state, dict) and state.get("format") == STATE_FORMAT and all(
+            isinstance(state.get(key), kind) for key, kind in (("masters", dict), ("moments", dict),
+                                                               ("scalers", list))):
+        return
+    if isinstance(state, dict) and "adam_state" in state:
+        raise CheckpointError(f"{where}: its optimizer state was written by the workbench's former CPU optimizer "
+                              "(an AdamW of its own, before runs trained with Megatron's optimizer); it cannot "
+                              "continue a run of Megatron's optimizer: train the run again")
+    raise CheckpointError(f"{where}: holds no optimizer state by parameter name (format {STATE_FORMAT!r}); "
+                          "it was not written by this version of the workbench: train the run again")
+
+
+def _join_shards(group: Any, entries: list[tuple[str, torch.nn.Parameter, dict[str, Any], tuple[int, int]]]
+                 ) -> dict[str, dict[str, torch.Tensor]]:
+    """The whole parameters' tensors from each data-parallel rank's shards: each rank writes the bits of its
+    own ranges into zeros and one integer sum over the group joins them (exact: every element has one owner).
+    The step count is the same for every parameter: the largest any rank holds (0 before the first step)."""
+    steps = [float(tensors["step"]) for _, _, tensors, _ in entries if "step" in tensors]
+    step = torch.tensor([max(steps, default=0.0)], dtype=torch.float64)
+    dist.all_reduce(step, op=dist.ReduceOp.MAX, group=group)
+    keys = ("master", *MOMENTS) if step.item() > 0 else ("master",)
+    sizes = [param.numel() for _, param, _, _ in entries]
+    flat = torch.zeros(len(keys), sum(sizes), dtype=torch.int32)
+    offset = 0
+    for (name, _, tensors, (start, end)), size in zip(entries, sizes):
+        if end > start:
+            for row, key in enumerate(keys):
+                if key not in tensors:
+                    raise RuntimeError(f"the distributed optimizer holds no {key} of its shard of {name}")
+                flat[row, offset + start:offset + end] = tensors[key].detach().float().reshape(-1).view(torch.int32)
+        offset += size
+    dist.all_reduce(flat, group=group)
+    joined: dict[str, dict[str, torch.Tensor]] = {}
+    offset = 0
+    for (name, param, _, _), size in zip(entries, sizes):
+        joined[name] = {key: flat[row, offset:offset + size].view(torch.float32).view(param.shape).clone()
+                        for row, key in enumerate(keys)}
+        if step.item() > 0:
+            joined[name]["step"] = torch.tensor(step.item(), dtype=torch.float32)
+        offset += size
+    return joined
+
+
+def build_optimizer(model: BuiltModel, cfg: RunConfig) -> MegatronOptimizer:
+    return MegatronOptimizer(model, cfg)
+
+
+def build_scheduler(optimizer: MegatronOptimizer, cfg: RunConfig) -> OptimizerParamScheduler:
     """Megatron's warm-up + cosine schedule, stepped once per optimizer step."""
     o = cfg.optim
     warmup = min(o.warmup_steps, max(cfg.steps - 1, 0))

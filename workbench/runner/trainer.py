@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from workbench.config import RunConfig
 from workbench.data import SyntheticCorpus, rank_held_out_microbatches, rank_microbatch_indices
-from workbench.errors import CheckpointError, UnsupportedError
+from workbench.errors import CheckpointError
 from workbench.recorder.live import LiveCheck
 
 
@@ -42,10 +42,9 @@ class Trainer:
         self.model = build_model(cfg, device)
         self.sources = cfg.source_states(on_gpu=self.on_gpu)
         self.emulated = [] if self.on_gpu else nondeterminism.install(self.model, self.sources)
-        self.optimizer = build_optimizer(self.model, cfg, self.on_gpu)
+        self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
-        if cfg.precision.value == "fp16":
-            self.model.config.grad_scale_func = self.optimizer.scale_loss
+        self.model.config.grad_scale_func = self.optimizer.scale_loss  # as Megatron-LM's loop (1.0 but in fp16)
         self.forward_backward = get_forward_backward_func()
         self.corpus = SyntheticCorpus(vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length,
                                       seed=cfg.data.seed, branching=cfg.data.branching)
@@ -97,6 +96,7 @@ class Trainer:
             self.fault.step = step
         for chunk in self.model.chunks:
             chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()  # Megatron's optimizer points .grad at main_grad: unset before the backward
         if self.recorder is not None:
             self.recorder.step_begin(step)
         self.scheduler.step(1)
@@ -133,6 +133,7 @@ class Trainer:
         for chunk in self.model.chunks:
             chunk.eval()
         try:
+            self._gather_parameters()
             losses = self.forward_backward(
                 forward_step_func=forward_step, data_iterator=self._data_iterators(iter(batches)),
                 model=self.model.chunks,
@@ -151,7 +152,17 @@ class Trainer:
         dist.all_reduce(total)
         return float(total[0])
 
+    def _gather_parameters(self) -> None:
+        """Under ``overlap_param_gather`` the parameters updated by other data-parallel ranks arrive in the next
+        training forward's pre-hooks: what Megatron-LM's loop does before it evaluates or saves, gather them all
+        now (the hooks stay on; the next step's gather then finds nothing new)."""
+        if self.cfg.optim.overlap_param_gather:
+            for chunk in self.model.chunks:
+                chunk.disable_forward_pre_hook(param_sync=True)
+                chunk.enable_forward_pre_hook()
+
     def state(self) -> dict[str, Any]:
+        self._gather_parameters()
         return {"params": self.model.named_parameters(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict()}
 
@@ -160,9 +171,6 @@ class Trainer:
         """Take this rank's shards of another layout's checkpoint (``checkpoint.load_full_state``)."""
         from workbench.runner.checkpoint import has_megatron, load_megatron, shard_of
 
-        if not hasattr(self.optimizer, "load_named_state"):
-            raise UnsupportedError("starting from another layout's checkpoint needs the CPU runner's optimizer; "
-                                   "Megatron's own (GPU runs) keeps its state by parameter group index")
         megatron = has_megatron(source)
         if megatron:  # the model resharded by Megatron's dist_checkpointing, the optimizer by name below
             load_megatron(source, self.model.gpts)
@@ -174,7 +182,7 @@ class Trainer:
                 param.copy_(shard_of(full["params"][name], param))
             named[name] = {key: value if key == "step" else shard_of(value, param)
                            for key, value in full["optimizer_named"][name].items()}
-        self.optimizer.load_named_state(named, full["optimizer"])
+        self.optimizer.load_named_state(named, full["optimizer"]["scalers"])
         self.scheduler.load_state_dict(full["scheduler"])
 
     @torch.no_grad()

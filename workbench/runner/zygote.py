@@ -113,11 +113,13 @@ class Zygote:
             self._changed.notify_all()
 
     def start(self, argv: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 600.0,
-              script: Path | None = None) -> ForkedRank:
+              script: Path | None = None, module: str | None = None) -> ForkedRank:
         """Fork one rank: ``workbench.runner.worker`` with ``argv`` (or the Python file ``script``, run as its
-        ``__main__`` as ``python SCRIPT ARGV...`` would), in ``env``, writing to ``log``."""
+        ``__main__`` as ``python SCRIPT ARGV...`` would, or the module ``module`` as ``python -m MODULE
+        ARGV...`` would), in ``env``, writing to ``log``."""
         request = json.dumps({"argv": argv, "env": dict(env), "log": str(log), "cwd": os.getcwd(),
-                              "script": None if script is None else str(Path(script).resolve())}) + "\n"
+                              "script": None if script is None else str(Path(script).resolve()),
+                              "module": module}) + "\n"
         with self._lock:  # one request at a time: the answers come in order
             with self._changed:
                 count = len(self._started)
@@ -214,13 +216,15 @@ def _run_rank(request: dict[str, Any]) -> int:
         torch.set_num_threads(int(threads))
     from workbench.runner import worker
 
-    script = request.get("script")
+    script, module = request.get("script"), request.get("module")
     sys.argv = [script or worker.__file__, *request["argv"]]
     code = 0
     try:
         if script:  # as the interpreter runs a file: its folder first on the path
             sys.path.insert(0, os.path.dirname(script))
             runpy.run_path(script, run_name="__main__")
+        elif module:  # as `python -m MODULE`: the module's file is argv[0] (run_module sets it)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             worker.main(request["argv"])
     except SystemExit as stop:

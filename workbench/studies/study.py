@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import RunConfig, load_run_config, read_toml
-from workbench.errors import ConfigError, NotARunError, RunNotFoundError
+from workbench.errors import ConfigError, NotARunError, RunNotFoundError, UnsupportedError
 from workbench.store import layout
 from workbench.store.layout import Status
 
@@ -187,8 +187,14 @@ Reporter = Callable[[int, int, PlannedRun, str], None]
 
 def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -> list[Path]:
     """Launch every planned run of ``study`` into ``out_dir/<run name>``; return the run folders."""
-    from workbench.runner.launch import launch
+    from workbench.determinism import emulation_conflicts
+    from workbench.runner.launch import _has_gpu, launch
 
+    if not _has_gpu():  # every emulation this study needs must run, or none of its runs starts
+        refused = [f"{planned.name}: {line}" for planned in study.runs for line in emulation_conflicts(planned.config)]
+        if refused:
+            raise UnsupportedError(f"study {study.name} cannot run on this CPU: {refused[0]}"
+                                   + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
     out = Path(out_dir)
     folders = []
     total = len(study.runs)
