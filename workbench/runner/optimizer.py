@@ -108,10 +108,15 @@ class MegatronOptimizer:
         named: dict[str, dict[str, torch.Tensor]] = {}
         shards: dict[Any, list[tuple[str, torch.nn.Parameter, dict[str, Any], tuple[int, int]]]] = {}
         for name, param, part, main, span in self._entries():
-            state = getattr(part, "optimizer", part).state.get(main, {}) if main is not None else {}
-            tensors = {"master": main, **{key: state[key] for key in ("step", *MOMENTS) if key in state}}
+            inner = getattr(part, "optimizer", part)
+            state = inner.state.get(main, {}) if main is not None else {}
+            tensors = {"master": main, **{key: state[key] for key in MOMENTS if key in state}}
+            if "exp_avg" in tensors:  # torch's Adam counts steps per parameter, TE's FusedAdam per group
+                step = state.get("step", next((g.get("step") for g in inner.param_groups
+                                               if any(p is main for p in g["params"])), None))
+                tensors["step"] = torch.tensor(float(step if step is not None else 0), dtype=torch.float32)
             if span is None:
-                named[name] = {k: torch.as_tensor(v).detach().clone() for k, v in tensors.items()}
+                named[name] = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
             else:
                 shards.setdefault(part, []).append((name, param, tensors, span))
         for part, entries in shards.items():
@@ -129,9 +134,17 @@ class MegatronOptimizer:
             entry = named[name]
             main.copy_(_piece(entry["master"], span, main))
             if "exp_avg" in entry:
-                state = getattr(part, "optimizer", part).state
-                state[main] = {"step": entry["step"].clone(),
-                               **{key: _piece(entry[key], span, main).to(main.dtype).clone() for key in MOMENTS}}
+                inner = getattr(part, "optimizer", part)
+                moments = {key: _piece(entry[key], span, main).to(main.device, main.dtype, copy=True)
+                           for key in MOMENTS}
+                if type(inner).__module__.startswith("torch.optim"):  # its step count: a CPU tensor per parameter
+                    inner.state[main] = {"step": entry["step"].detach().to("cpu", torch.float32, copy=True),
+                                         **moments}
+                else:  # TE's FusedAdam and others: the step count in the parameter's group
+                    inner.state[main] = moments
+                    for group in inner.param_groups:
+                        if any(p is main for p in group["params"]):
+                            group["step"] = int(entry["step"])
         mine = self._scalers()
         if len(scalers) != len(mine):
             raise CheckpointError(f"the checkpoint holds {len(scalers)} loss scalers, this run's optimizer "
@@ -176,12 +189,13 @@ def _join_shards(group: Any, entries: list[tuple[str, torch.nn.Parameter, dict[s
     """The whole parameters' tensors from each data-parallel rank's shards: each rank writes the bits of its
     own ranges into zeros and one integer sum over the group joins them (exact: every element has one owner).
     The step count is the same for every parameter: the largest any rank holds (0 before the first step)."""
+    device = entries[0][1].device  # the collective's: the GPU's under NCCL
     steps = [float(tensors["step"]) for _, _, tensors, _ in entries if "step" in tensors]
-    step = torch.tensor([max(steps, default=0.0)], dtype=torch.float64)
+    step = torch.tensor([max(steps, default=0.0)], dtype=torch.float64, device=device)
     dist.all_reduce(step, op=dist.ReduceOp.MAX, group=group)
     keys = ("master", *MOMENTS) if step.item() > 0 else ("master",)
     sizes = [param.numel() for _, param, _, _ in entries]
-    flat = torch.zeros(len(keys), sum(sizes), dtype=torch.int32)
+    flat = torch.zeros(len(keys), sum(sizes), dtype=torch.int32, device=device)
     offset = 0
     for (name, _, tensors, (start, end)), size in zip(entries, sizes):
         if end > start:
@@ -191,6 +205,7 @@ def _join_shards(group: Any, entries: list[tuple[str, torch.nn.Parameter, dict[s
                 flat[row, offset + start:offset + end] = tensors[key].detach().float().reshape(-1).view(torch.int32)
         offset += size
     dist.all_reduce(flat, group=group)
+    flat = flat.cpu()
     joined: dict[str, dict[str, torch.Tensor]] = {}
     offset = 0
     for (name, param, _, _), size in zip(entries, sizes):
