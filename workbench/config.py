@@ -12,6 +12,7 @@ can be read and configs checked on machines that never train.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import tomllib
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError
-from workbench.sites import DEFAULT_KINDS, SITE_KINDS
+from workbench.sites import DEFAULT_KINDS, PARAMETER_KINDS, SITE_KINDS
 
 
 class Precision(StrEnum):
@@ -457,6 +458,12 @@ class RunConfig:
                  "switch sources on one by one)")
         _require(not (self.nondeterminism.moe_token_combine and not m.is_moe), "nondeterminism.moe_token_combine",
                  True, "false or absent for a dense model (model.num_experts = 0)")
+        sharded = [p for p in self.record.snapshot_sites if any(fnmatch.fnmatchcase(kind, p.partition(":")[0])
+                                                                 for kind in PARAMETER_KINDS)]
+        _require(not (self.optim.use_distributed_optimizer and self.record.snapshot_steps and sharded),
+                 "record.snapshot_sites", list(self.record.snapshot_sites), "activation sites only with "
+                 f"optim.use_distributed_optimizer ({sharded[0] if sharded else ''} names parameter-sized sites, "
+                 "which the recorder cannot yet snapshot from the distributed optimizer's uneven shards)")
         _require(not (self.nondeterminism.dp_allreduce and lay.dp < 3), "nondeterminism.dp_allreduce", True,
                  f"false with layout.dp = {lay.dp}: a sum of two contributions commutes exactly, so the "
                  "association changes nothing below 3 data-parallel ranks")

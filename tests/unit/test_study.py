@@ -118,3 +118,12 @@ def test_the_distributed_optimizer_is_part_of_the_layout_in_the_numerics_hash() 
     assert sharded.numerics_hash(layout=False) == plain.numerics_hash(layout=False) == BASE.numerics_hash(layout=False)
     with pytest.raises(ConfigError, match="optim.overlap_param_gather"):
         BASE.with_overrides({"optim.overlap_param_gather": True})
+
+
+def test_parameter_snapshots_under_the_distributed_optimizer_are_refused_by_the_config() -> None:
+    """The recorder refuses them in every rank once training starts; the config says it before any run."""
+    with pytest.raises(ConfigError, match="record.snapshot_sites.*grad:\\*embeddings\\*.*distributed optimizer"):
+        BASE.with_overrides({"layout.dp": 2, "optim.use_distributed_optimizer": True, "record.snapshot_steps": [1],
+                             "record.snapshot_sites": ["act:layers.0.mlp", "grad:*embeddings*"]})
+    BASE.with_overrides({"layout.dp": 2, "optim.use_distributed_optimizer": True, "record.snapshot_steps": [1],
+                         "record.snapshot_sites": ["act:layers.0.mlp"]})  # activations: taken whole
