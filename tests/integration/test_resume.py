@@ -96,8 +96,11 @@ ZERO1 = {"layout.dp": 2, "precision": "bf16", "optim.use_distributed_optimizer":
 gradient reduction and parameter gathering."""
 
 
-def test_a_distributed_optimizer_run_resumes_bitwise_and_starts_another_layout(runs: Runs, tmp_path: Path) -> None:
+def test_a_distributed_optimizer_run_resumes_and_replays_bitwise_and_starts_another_layout(
+        runs: Runs, tmp_path: Path) -> None:
+    from workbench.investigate.replay import replay
     from workbench.runner.checkpoint import load_full_state
+    from workbench.sites import PARAMETER_KINDS
 
     uninterrupted = runs.get("zero1", steps=6, checkpoint_every=2, **ZERO1)
     cfg = tiny_config("zero1-resumed", steps=6, checkpoint_every=2, **ZERO1)
@@ -115,6 +118,11 @@ def test_a_distributed_optimizer_run_resumes_bitwise_and_starts_another_layout(r
         for name, state in a["optimizer_named"].items():
             assert sorted(state) == ["exp_avg", "exp_avg_sq", "master", "step"], name
             assert all(torch.equal(state[k], b["optimizer_named"][name][k]) for k in state), name
+    # a replay from the sharded checkpoint reproduces the run; its snapshots leave the parameter-sized sites out
+    replayed = replay(uninterrupted, 3, out=tmp_path / "replay")
+    assert replayed.check.reproduced and replayed.check.steps == [2, 3], replayed.check.summary()
+    snapshots = open_run(tmp_path / "replay").snapshots()[3]
+    assert snapshots and not [s for s in snapshots if s.split(":")[0] in PARAMETER_KINDS]
     # one process, Megatron's plain optimizer, from the sharded checkpoint: it holds every shard exactly
     source = uninterrupted / "checkpoints" / "step_000002"
     started = launch(tiny_config("one-rank", steps=6, checkpoint_every=2, precision="bf16"), tmp_path / "one-rank",

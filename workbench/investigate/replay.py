@@ -27,7 +27,7 @@ from workbench.analysis.replay_check import ReplayCheck, replay_check
 from workbench.config import RunConfig
 from workbench.errors import ArgumentError
 from workbench.runner.launch import ProgressFn, launch
-from workbench.sites import SITE_KINDS
+from workbench.sites import PARAMETER_KINDS, SITE_KINDS
 from workbench.store import layout
 from workbench.store.manifest import runner_manifest
 from workbench.store.reader import Run, open_run
@@ -66,11 +66,15 @@ def nearest_checkpoint(run: Run, step: int) -> int | None:
 
 
 def replay_config(cfg: RunConfig, *, step: int, from_step: int) -> RunConfig:
-    """``cfg`` recording every site on steps [from_step, step], with snapshots of every site at ``step``."""
+    """``cfg`` recording every site on steps [from_step, step], with snapshots of every site at ``step`` (under
+    the distributed optimizer of every site but the parameter-sized ones, which the recorder cannot yet
+    snapshot from its uneven shards)."""
+    snapshots = [f"{kind}:*" for kind in SITE_KINDS if kind not in PARAMETER_KINDS] \
+        if cfg.optim.use_distributed_optimizer else ["*"]
     return cfg.with_overrides({
         "name": f"{cfg.name}-replay-{step}",
         "record.enabled": True, "record.kinds": list(SITE_KINDS), "record.sites": ["*"], "record.every": 1,
-        "record.ranges": [[from_step, step + 1]], "record.snapshot_steps": [step], "record.snapshot_sites": ["*"],
+        "record.ranges": [[from_step, step + 1]], "record.snapshot_steps": [step], "record.snapshot_sites": snapshots,
         "checkpoint_every": 0,
     }, source="replay")
 
