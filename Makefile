@@ -28,13 +28,15 @@ MEGATRON_OVERLAYS := 0.17.1 0.18.2
 USER_LOOP_TESTS := every_kind_is_recorded_from_a_tp2_loop_that_calls_finalize_model_grads_itself \
   two_runs_of_the_loop_are_bitwise_identical_one_with_a_validation_loss a_one_bit_change_is_found_at_its_step_and_module \
   a_pipeline_parallel_loop_with_1f1b_logs_the_loss_from_its_last_stage
-# and a user's DP=2 loop with Megatron's distributed optimizer, overlapped reduction and parameter gathering.
+# and a user's DP=2 loop and pretrain() with Megatron's distributed optimizer, overlapped reduction and parameter
+# gathering.
 ZERO1_TESTS := every_kind_is_recorded_under_the_distributed_optimizer \
   param_grad_and_update_are_the_full_tensors_the_loop_saw_at_every_step the_first_step_equals_megatrons_plain_optimizer
 RANGE_TESTS := tests/unit/test_packaging.py::test_the_overlay_is_the_megatron_core_imported \
   tests/unit/test_cpu_compat.py tests/unit/test_unrecordable.py tests/integration/test_recorder_api.py \
   $(foreach t,$(USER_LOOP_TESTS),tests/integration/test_user_loop.py::test_$(t)) \
   tests/integration/test_megatron_pretrain.py::test_pretrain_is_recorded_with_every_site_kind_and_its_scalars \
+  tests/integration/test_megatron_pretrain.py::test_pretrain_with_the_distributed_optimizer_and_overlap_is_recorded_like_the_plain_optimizer \
   $(foreach t,$(ZERO1_TESTS),tests/integration/test_distributed_optimizer.py::test_$(t))
 PYTEST := python -m pytest -q -p no:cacheprovider
 SINGLE_PROCESS_TESTS := tests/unit tests/property

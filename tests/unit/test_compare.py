@@ -200,3 +200,30 @@ def test_the_relative_difference_block_by_block_is_the_formula_everywhere() -> N
     expected[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0
     np.testing.assert_array_equal(relative(x, y), expected)
     np.testing.assert_array_equal(relative(x[:, ::2], y[:, ::2]), expected[:, ::2])  # strided inputs
+
+
+def test_a_distributed_optimizer_run_is_compared_with_its_plain_twin_and_the_optimizer_named_first() -> None:
+    """A run that differs from another of the folder only in how the optimizer's work is shared is compared with
+    it too; the line names the settings, and that every site before the optimizer's agrees at the first step."""
+    from workbench.analysis.findings import study_findings
+
+    sites = [*SITES, "exp_avg:embedding.word_embeddings.weight", "update:embedding.word_embeddings.weight"]
+    det = records("det", sites=sites)
+    plain = perturb(det, "dp2", step=0, site="grad:embedding.word_embeddings.weight")
+    zero1 = perturb(plain, "dp2-zero1", step=0, site="exp_avg:embedding.word_embeddings.weight")
+    base = {"name": "x", "layout": {"dp": 2}, "optim": {"clip_grad": 1.0, "use_distributed_optimizer": False}}
+    configs = {"det": {**base, "layout": {"dp": 1}}, "dp2": base,
+               "dp2-zero1": {**base, "name": "y", "optim": {"clip_grad": 1.0, "use_distributed_optimizer": True,
+                                                            "overlap_grad_reduce": True}}}
+    runs = {"det": det, "dp2": plain, "dp2-zero1": zero1}
+    lines = study_findings(runs, reference="det", repeats=[], configs=configs)
+    assert len(lines) == 3 and lines[2].startswith(
+        "dp2-zero1 vs dp2: first differ at step 0, site exp_avg:embedding.word_embeddings.weight")
+    assert ("the configs differ in: optim.overlap_grad_reduce True vs absent; optim.use_distributed_optimizer "
+            "True vs False") in lines[2]
+    assert "every forward, backward and reduced-gradient site agrees at step 0" in lines[2]
+    assert "gradient norm" in lines[2]
+    # a run differing in anything else as well has no twin; without configs nothing is added
+    configs["dp2"] = {**base, "seed": 7}
+    assert len(study_findings(runs, reference="det", repeats=[], configs=configs)) == 2
+    assert len(study_findings(runs, reference="det", repeats=[])) == 2

@@ -32,3 +32,32 @@ def test_a_block_of_a_tensor_parallel_shard_lands_where_its_elements_are_in_the_
     for box, _, _ in flat_boxes(local.shape, 2, 10):  # a part row, whole rows, a part row
         placed = box_placement(shard, box)
         assert np.array_equal(full[placed.region(local[box].shape)], local[box])
+
+
+@pytest.mark.parametrize("dp", [2, 3])
+def test_data_parallel_replicas_split_the_parameter_side_work_and_cover_each_element_once(dp: int) -> None:
+    """Without the distributed optimizer every replica holds the same whole parameter: each reads its even part
+    (its blocks), so the work per rank falls as DP grows, and the blocks of all ranks cover every element once,
+    each counted (an expert's parameter or a frozen one stays whole, rank 0's)."""
+    import torch
+
+    from workbench.recorder.placement import parameter_placement
+    from workbench.recorder.targets import ParallelRanks, ParameterTarget, owned_targets
+
+    weight, frozen = torch.nn.Parameter(torch.zeros(5, 7)), torch.nn.Parameter(torch.zeros(3))
+    weight.main_grad = torch.zeros(5, 7)  # type: ignore[attr-defined]  # trained: Megatron DDP gave it a buffer
+    covered = torch.zeros(5, 7, dtype=torch.int32)
+    for rank in range(dp):
+        ranks = ParallelRanks(dp_rank=rank, dp_size=dp)
+        targets = [ParameterTarget(name, p, parameter_placement(p, tp_rank=0, tp_size=1, dp_rank=rank))
+                   for name, p in (("w", weight), ("frozen", frozen))]
+        owned = owned_targets(targets, ranks, optimizer=None)
+        blocks = [t for t in owned if t.name == "w"]
+        assert blocks and all(t.placement.contributes and t.box is not None for t in blocks)
+        assert sum(t.view(weight).numel() for t in blocks) in (35 // dp, 35 // dp + 1)
+        for t in blocks:
+            covered[t.box] += 1
+        assert [t.box for t in owned if t.name == "frozen"] == [None]
+        whole = owned_targets(targets, ranks, optimizer=None, split_replicas=False)
+        assert [t.placement.contributes for t in whole] == [rank == 0, rank == 0]
+    assert bool((covered == 1).all())

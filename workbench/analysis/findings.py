@@ -31,13 +31,48 @@ def describe(result: Comparison, label: str) -> str:
             f"(origins: {origins}); at the last step the largest relative L2 difference is {_largest(result):.2e}")
 
 
+SHARING = ("optim.use_distributed_optimizer", "optim.overlap_grad_reduce", "optim.overlap_param_gather")
+"""The config keys that split the optimizer's work and communication over the data-parallel ranks."""
+_NOT_NUMERICS = ("name", "flush_every", "checkpoint_every", "checkpoint_format", "record.", "eval.")
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``key a vs b`` for every config field that shapes the numbers and differs (configs as manifests hold
+    them; a field one config lacks is read as absent)."""
+    fa, fb = _flat(a), _flat(b)
+    return [f"{key} {fa.get(key, 'absent')} vs {fb.get(key, 'absent')}" for key in sorted(set(fa) | set(fb))
+            if not key.startswith(_NOT_NUMERICS) and fa.get(key) != fb.get(key)]
+
+
+def _optimizer_first(result: Comparison) -> bool:
+    """True when every site but the optimizer's (its moments and the update) agrees at the first differing step."""
+    equal = result.equal.loc[result.first_step]
+    return all(bool(equal[s]) for s in result.common_sites if s.split(":")[0] not in ("exp_avg", "exp_avg_sq",
+                                                                                         "update"))
+
+
 def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]], *,
                    comparison: Callable[[str, str], Comparison] | None = None,
-                   runtimes: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+                   runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+                   configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """One sentence per comparison: each group of ``repeats`` against its first run, every other run
     against ``reference``. ``comparison(a, b)`` compares two runs by name (a cache: ``Workspace.comparison``);
     by default ``compare`` of their records. With ``runtimes`` (each run's ``RunManifest.runtime``), a pair
-    that differs and whose environments differ gets a second line naming the facts."""
+    that differs and whose environments differ gets a second line naming the facts. With ``configs`` (each
+    run's config as its manifest holds it), a run that differs from another run of the folder only in how
+    the optimizer's work is shared (``SHARING``: the distributed optimizer, overlapped communication) is also
+    compared with that run, and the line says which settings differ and, where every site before the
+    optimizer's agrees, that the optimizer is the first to differ."""
     pair = comparison or (lambda a, b: compare(records[a], records[b]))
 
     def environment_line(a: str, b: str, result: Comparison) -> str:
@@ -69,4 +104,33 @@ def study_findings(records: dict[str, RunRecords], reference: str, repeats: list
         if floor is not None and not result.identical:
             line += f" (nondeterministic repeats: {floor:.2e})"
         lines.append(line + environment_line(reference, name, result))
+    for name, twin in _sharing_twins(records, configs or {}):
+        result = pair(twin, name)
+        line = describe(result, f"{name} vs {twin}") + "\n  the configs differ in: " + "; ".join(
+            config_difference((configs or {})[name], (configs or {})[twin]))
+        if not result.identical and _optimizer_first(result):
+            clipped = (_flat((configs or {})[name]).get("optim.clip_grad") or 0) > 0
+            line += (f"\n  every forward, backward and reduced-gradient site agrees at step {result.first_step}: "
+                     "the optimizer's step is the first to differ" + (
+                         " (its gradient norm, summed over each rank's shard and then over the ranks in place of "
+                         "over whole parameters, scales every clipped update)" if clipped else ""))
+        lines.append(line)
     return lines
+
+
+def _sharing_twins(records: Mapping[str, RunRecords], configs: Mapping[str, Mapping[str, Any]]
+                   ) -> list[tuple[str, str]]:
+    """(run, twin) for each run that shares the optimizer's work and a run of the folder with the same config
+    but for ``SHARING`` that does not: the distributed optimizer's run and its plain twin."""
+    found = []
+    for name in records:
+        if name not in configs or not any(_flat(configs[name]).get(key) for key in SHARING):
+            continue
+        for twin in records:
+            if twin == name or twin not in configs or any(_flat(configs[twin]).get(key) for key in SHARING):
+                continue
+            keys = {line.split(" ", 1)[0] for line in config_difference(configs[name], configs[twin])}
+            if keys and keys <= set(SHARING):
+                found.append((name, twin))
+                break
+    return found

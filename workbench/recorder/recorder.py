@@ -52,7 +52,7 @@ from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, owned_targets, parameter_targets
 from workbench.recorder.unrecordable import refusal, replicas, sharded_snapshots, withheld
-from workbench.sites import SiteFilter, site_matcher
+from workbench.sites import PARAMETER_KINDS, SiteFilter, site_id, site_matcher
 from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
 
 
@@ -85,7 +85,10 @@ class Recorder:
                             snapshot_wanted=site_matcher(self.record.snapshot_sites))
         self._clock = Stopwatch()
         targets = parameter_targets(chunks, ranks)
-        owned = owned_targets(targets, ranks, optimizer)
+        snapshotted = site_matcher(self.record.snapshot_sites)
+        whole = bool(self.record.snapshot_steps) and any(
+            snapshotted(site_id(kind, target.name)) for target in targets for kind in kinds & PARAMETER_KINDS)
+        owned = owned_targets(targets, ranks, optimizer, split_replicas=not whole)
         why = sharded_snapshots(owned, kinds, site_matcher(self.record.snapshot_sites)) \
             if self.record.snapshot_steps else None
         if why is not None:

@@ -156,16 +156,20 @@ def distributed_optimizers(optimizer: Any) -> list[Any]:
             and hasattr(part, "model_param_gbuf_map")]
 
 
-def owned_targets(targets: list[ParameterTarget], ranks: ParallelRanks, optimizer: Any) -> list[ParameterTarget]:
+def owned_targets(targets: list[ParameterTarget], ranks: ParallelRanks, optimizer: Any, *,
+                  split_replicas: bool = True) -> list[ParameterTarget]:
     """The targets whose values this rank reads for ``param``, ``grad``, the moments and ``update``.
 
     Under Megatron's distributed optimizer each data-parallel rank reduces, updates and holds the optimizer state
     of its own flat range of each parameter only, and under ``overlap_param_gather`` the other ranks' ranges are
     gathered during the next forward: each rank's targets are the blocks of its own range, counted by the rank
-    that holds them (the tensor-parallel replicas' rule stays). Otherwise the whole parameters, as ``targets``."""
+    that holds them (the tensor-parallel replicas' rule stays). Otherwise every data-parallel replica holds the
+    same whole values: with ``split_replicas`` each reads the blocks of its own even part of each dense
+    parameter's flat range (its part of the work, merged as the shards are), else data-parallel rank 0 reads
+    them whole (the snapshots of parameter-sized sites need whole tensors)."""
     parts = distributed_optimizers(optimizer)
     if not parts:
-        return targets
+        return _replica_blocks(targets, ranks) if split_replicas and ranks.dp_size > 1 else targets
     owned = []
     for target in targets:
         param = target.param
@@ -182,6 +186,25 @@ def owned_targets(targets: list[ParameterTarget], ranks: ParallelRanks, optimize
         for box, first, end in flat_boxes(tuple(param.shape), int(found.start), int(found.end)):
             owned.append(ParameterTarget(target.name, param, box_placement(base, box), box,
                                          (first - int(found.start), end - int(found.start))))
+    return owned
+
+
+def _replica_blocks(targets: list[ParameterTarget], ranks: ParallelRanks) -> list[ParameterTarget]:
+    """Each dense parameter that data-parallel rank 0 would count, as the blocks of this rank's even part of
+    its flat range (``[n * r // dp, n * (r + 1) // dp)``); experts (their own replica groups), frozen
+    parameters and the replicas no rank counts stay as they are."""
+    owned = []
+    for target in targets:
+        param = target.param
+        tp_rank, tp_size = ranks.tensor_parallel(param)
+        base = parameter_placement(param, tp_rank=tp_rank, tp_size=tp_size, dp_rank=0)
+        if is_expert_parameter(param) or getattr(param, "main_grad", None) is None or not base.contributes:
+            owned.append(target)
+            continue
+        size, rank = ranks.dp_size, ranks.dp_rank
+        count = param.numel()
+        for box, _, _ in flat_boxes(tuple(param.shape), count * rank // size, count * (rank + 1) // size):
+            owned.append(ParameterTarget(target.name, param, box_placement(base, box), box))
     return owned
 
 

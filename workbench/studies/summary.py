@@ -108,7 +108,9 @@ def summarise(ws: Workspace) -> StudySummary:
     reference = ws.roles.reference
     findings = study_findings(records, reference, ws.roles.repeat_groups,
                               comparison=lambda a, b: ws.comparison(a, b, records=records.__getitem__),
-                              runtimes={name: run.manifest.runtime for name, run in ws.runs.items()}) \
+                              runtimes={name: run.manifest.runtime for name, run in ws.runs.items()},
+                              configs={name: run.manifest.config for name, run in ws.runs.items()
+                                       if run.manifest.config is not None}) \
         if reference in records else []
     comparisons = ws.ladder(ws.roles.others) if reference in records and ws.roles.others else None
     step, scales = ws.scales("val_loss")
