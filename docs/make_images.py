@@ -41,7 +41,7 @@ print(export_figures({"heatmap": figure}, images, ["png"], scale=1.5, width=1000
 
 bisect = Path("data/runs/demo/fault/bisect")
 reference, fault = open_run(bisect / "det-r0"), open_run(bisect / "fault")
-step = fault.manifest["replay"]["step"]
+step = fault.attrs["replay"]["step"]
 operations = first_operation(reference.op_trace(step), fault.op_trace(step))
 figure = operation_figure(operations, title=f"det-r0 vs fault: every operation of step {step}",
                           provenance=ws.provenance(["det-r0", "fault"]))
