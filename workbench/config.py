@@ -54,6 +54,18 @@ def _require(ok: bool, name: str, value: object, allowed: str) -> None:
         raise ConfigError(f"{name} = {value!r} is not allowed: {allowed}")
 
 
+def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested table's leaves under dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``), the keys
+    ``RunConfig.with_overrides`` takes."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _is_int(value: object) -> bool:
     """A whole number, and not a bool (which Python counts as one)."""
     return isinstance(value, int) and not isinstance(value, bool)

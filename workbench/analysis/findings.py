@@ -13,6 +13,7 @@ from typing import Any
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.resume import resume_check
+from workbench.config import flatten
 from workbench.environment import difference
 from workbench.store.records import RunRecords
 
@@ -36,20 +37,10 @@ SHARING = ("optim.use_distributed_optimizer", "optim.overlap_grad_reduce", "opti
 _NOT_NUMERICS = ("name", "flush_every", "checkpoint_every", "checkpoint_format", "record.", "eval.")
 
 
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def config_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """``key a vs b`` for every config field that shapes the numbers and differs (configs as manifests hold
     them; a field one config lacks is read as absent)."""
-    fa, fb = _flat(a), _flat(b)
+    fa, fb = flatten(a), flatten(b)
     return [f"{key} {fa.get(key, 'absent')} vs {fb.get(key, 'absent')}" for key in sorted(set(fa) | set(fb))
             if not key.startswith(_NOT_NUMERICS) and fa.get(key) != fb.get(key)]
 
@@ -109,7 +100,7 @@ def study_findings(records: dict[str, RunRecords], reference: str, repeats: list
         line = describe(result, f"{name} vs {twin}") + "\n  the configs differ in: " + "; ".join(
             config_difference((configs or {})[name], (configs or {})[twin]))
         if not result.identical and _optimizer_first(result):
-            clipped = (_flat((configs or {})[name]).get("optim.clip_grad") or 0) > 0
+            clipped = (flatten((configs or {})[name]).get("optim.clip_grad") or 0) > 0
             line += (f"\n  every forward, backward and reduced-gradient site agrees at step {result.first_step}: "
                      "the optimizer's step is the first to differ" + (
                          " (its gradient norm, summed over each rank's shard and then over the ranks in place of "
@@ -122,12 +113,12 @@ def _sharing_twins(records: Mapping[str, RunRecords], configs: Mapping[str, Mapp
                    ) -> list[tuple[str, str]]:
     """(run, twin) for each run that shares the optimizer's work and a run of the folder with the same config
     but for ``SHARING`` that does not: the distributed optimizer's run and its plain twin."""
+    flat = {name: flatten(configs[name]) for name in records if name in configs}
+    sharing = {name for name, fields in flat.items() if any(fields.get(key) for key in SHARING)}
     found = []
-    for name in records:
-        if name not in configs or not any(_flat(configs[name]).get(key) for key in SHARING):
-            continue
-        for twin in records:
-            if twin == name or twin not in configs or any(_flat(configs[twin]).get(key) for key in SHARING):
+    for name in sorted(sharing, key=list(records).index):
+        for twin in flat:
+            if twin in sharing:
                 continue
             keys = {line.split(" ", 1)[0] for line in config_difference(configs[name], configs[twin])}
             if keys and keys <= set(SHARING):

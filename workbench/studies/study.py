@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.config import RunConfig, load_run_config, read_toml
+from workbench.config import RunConfig, flatten, load_run_config, read_toml
 from workbench.errors import ConfigError, NotARunError, RunNotFoundError, UnsupportedError
 from workbench.store import layout
 from workbench.store.layout import Status
@@ -60,16 +60,6 @@ class Study:
 
 _STUDY_KEYS = {"name", "base", "overrides", "repeats", "matrix", "runs"}
 _RUN_KEYS = {"name", "repeats", "resume_at", "start_from"}
-
-
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _label(key: str, value: Any) -> str:
@@ -121,10 +111,10 @@ def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "stu
     overrides_all = data.get("overrides", {})
     if not isinstance(overrides_all, Mapping):
         raise ConfigError(f"{source}: overrides must be a table of config keys and values")
-    base = base.with_overrides(_flatten(overrides_all), source=f"{source} overrides")
+    base = base.with_overrides(flatten(overrides_all), source=f"{source} overrides")
     repeats = _positive_int(data.get("repeats", 1), "repeats", source)
     planned: list[PlannedRun] = []
-    matrix = _flatten(data.get("matrix", {}))
+    matrix = flatten(data.get("matrix", {}))
     for key, values in matrix.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}: matrix.{key} must be a non-empty list of values")
@@ -140,7 +130,7 @@ def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "stu
         where = f"{source} runs[{i}]"
         if "name" not in entry:
             raise ConfigError(f"{where}: every run needs a name")
-        overrides = {k: v for k, v in _flatten(entry).items() if k.split(".")[0] not in _RUN_KEYS}
+        overrides = {k: v for k, v in flatten(entry).items() if k.split(".")[0] not in _RUN_KEYS}
         resume_at = entry.get("resume_at")
         for run_name in _repeat_names(entry["name"], _positive_int(entry.get("repeats", repeats), "repeats", where)):
             cfg = base.with_overrides({**overrides, "name": run_name}, source=where)
