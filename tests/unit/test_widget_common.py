@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import plotly.graph_objects as go
@@ -56,3 +57,24 @@ def test_a_click_sent_with_a_redraws_report_is_heard() -> None:
     widget = figure_widget()
     show(widget, figure)
     assert _click_in_one_message_with_the_trace_report(widget) == [(20, "b")]
+
+
+def test_the_state_a_new_view_draws_from_is_the_figure_shown() -> None:
+    # a page that draws its first view after show's messages (plotly's widget code loads late) draws from the
+    # widget's state: it must hold the figure, not the empty one the widget was made with
+    widget = figure_widget()
+    first = go.Figure(go.Heatmap(z=np.array([[1.0, 2.0], [3.0, 4.0]])), layout=dict(title="first", height=300))
+    show(widget, first)
+    show(widget, go.Figure([go.Scatter(y=[1.0, 2.0]), go.Bar(y=[3, 4])], layout=dict(title="second")))
+    assert [trace["type"] for trace in widget._widget_data] == ["scatter", "bar"]
+    assert widget._widget_layout["title"]["text"] == "second" and "height" not in widget._widget_layout
+    assert widget._widget_data == [trace.to_plotly_json() for trace in widget.data]
+
+
+def test_the_page_evaluates_plotlys_widget_code_once_and_the_widget_module_only_carries_it() -> None:
+    # anywidget gives a widget's module 2 s to load; plotly's takes longer on a busy machine (the browser test
+    # makes it 3 s late), so each widget's module carries plotly's code as text, evaluated once per page
+    module = str(figure_widget()._esm)
+    plotly_code = str(go.FigureWidget._esm)
+    assert module.startswith("const source = ") and json.dumps(plotly_code) in module
+    assert module == str(figure_widget()._esm) and "globalThis[" in module

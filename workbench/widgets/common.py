@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
+from copy import deepcopy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +49,46 @@ def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool =
     return workspace
 
 
+class _SharedPlotlyCode:
+    """The front-end code of our figure widgets: a small module around plotly's own, which evaluates plotly's
+    5 MB widget code once per page and draws each view with it.
+
+    anywidget gives a widget's module 2 s to load and bind; a model whose module takes longer drops every message
+    the kernel sends it, then and later (anywidget 0.11, ``Runtime.ready``). plotly's module is evaluated once per
+    widget, ~1.5 s each in headless Chromium on a 2-core machine, so on a busy machine an explorer came up with
+    empty axes and stayed so. This module loads at once (its one large part is a string); plotly's code is
+    evaluated when the first view is drawn, and shared by every widget after it. The model's state needs no
+    plotly code meanwhile: ``show`` sends each figure whole as the state a new view draws from."""
+
+    def __init__(self) -> None:
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            plotly_code = str(go.FigureWidget._esm)  # plotly's widget module, as anywidget read it from its file
+            key = "workbench-plotly-widget-" + hashlib.sha256(plotly_code.encode()).hexdigest()[:16]
+            self._text = _LOADER.replace("KEY", json.dumps(key)).replace("SOURCE", json.dumps(plotly_code))
+        return self._text
+
+
+_LOADER = """const source = SOURCE;
+const plotly = () => (globalThis[KEY] ??=
+  import(URL.createObjectURL(new Blob([source], {type: "text/javascript"}))));
+export default () => ({
+  initialize() { plotly(); },
+  async render({ model, el }) {
+    const module = await plotly();
+    const widget = typeof module.default === "function" ? await module.default() : module.default;
+    await widget.initialize?.({ model });
+    return widget.render({ model, el });
+  },
+});
+"""
+
+
 class FigureWidget(go.FigureWidget):
-    """plotly's figure widget, with the frontend's report of its trace defaults kept from swallowing a click.
+    """plotly's figure widget, with its front-end code loaded once per page (``_SharedPlotlyCode``) and the
+    frontend's report of its trace defaults kept from swallowing a click.
 
     After each redraw the page reports the defaults it filled in (``_js2py_traceDeltas``). For a heatmap whose
     ``z`` went as a typed array, plotly's handler fails on that report (``_remove_overlapping_props`` asserts a
@@ -55,6 +96,8 @@ class FigureWidget(go.FigureWidget):
     page sends a click in the same message as the report, and traitlets stops delivering that message's
     changes at the first handler that raises: the click was never heard (1 in 2 clicks, the machine busy).
     The report only tells the kernel defaults it does not use, so a failure to read it is dropped."""
+
+    _esm = _SharedPlotlyCode()
 
     @observe("_js2py_traceDeltas")
     def _handler_js2py_traceDeltas(self, change: dict[str, Any]) -> None:
@@ -101,6 +144,10 @@ def show(target: go.FigureWidget, figure: go.Figure) -> None:
         target.data = ()
         target.layout = figure.layout
         target.add_traces(figure.data)
+    # the whole figure also as the state a page draws a new view from: messages that arrive while no view is
+    # drawn reach no plotly code (_SharedPlotlyCode)
+    target._widget_layout = deepcopy(target._layout_obj._props)
+    target._widget_data = deepcopy(target._data)
 
 
 class ExportBar(widgets.HBox):

@@ -24,6 +24,7 @@ from typing import Any
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
+from IPython.display import display
 
 from workbench.errors import WorkbenchError
 from workbench.figures.divergence import StepBins, divergence_heatmap, heatmap_matrix
@@ -300,7 +301,10 @@ class DivergenceExplorer(WorkbenchWidget):
         differences = self.workspace.snapshot_differences(a, b, step, [site])
         with self.snapshot_view:
             if differences:
-                go.FigureWidget(elementwise_figure(differences, step=step, a=a, b=b)).show()
+                # displayed: a figure widget's ``show()`` only returns it, which showed nothing in an output
+                snapshots = figure_widget()
+                show(snapshots, elementwise_figure(differences, step=step, a=a, b=b))
+                display(snapshots)
             else:
                 print(f"no snapshots of {site} at step {step} in both runs "
                       "(record.snapshot_steps / record.snapshot_sites)")
