@@ -31,6 +31,7 @@ NOTEBOOK = ROOT / "notebooks" / "02-divergence-explorer.ipynb"
 BISECT_NOTEBOOK = ROOT / "notebooks" / "07-replay-and-bisect.ipynb"
 TRAJECTORY_NOTEBOOK = ROOT / "notebooks" / "01-quick-start.ipynb"
 LADDER_NOTEBOOK = ROOT / "notebooks" / "03-precision-study.ipynb"
+LAYOUTS_NOTEBOOK = ROOT / "notebooks" / "04-parallelism-layouts.ipynb"
 CHROMIUM = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("WORKBENCH_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
 BUSY_MS = 300_000
@@ -83,7 +84,7 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture
 def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK, LADDER_NOTEBOOK):
+    for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK, LADDER_NOTEBOOK, LAYOUTS_NOTEBOOK):
         shutil.copy(notebook, tmp_path / notebook.name)
     settings = tmp_path / "settings"
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
@@ -172,36 +173,73 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
         assert "max" in after_title and "l2" not in after_title
         assert before_cells and after_cells and before_cells != after_cells, "the heatmap's cells did not change"
 
-        # a click on a cell: what the hover says is under the pointer is what the detail must show
-        _wait_for_text(page, ".js-plotly-plot .gtitle", "t.includes('clicked at step 0')")
-        box = heatmap.locator(".nsewdrag").first.bounding_box()
-        assert box is not None
-        x, y = box["x"] + 0.8 * box["width"], box["y"] + 0.6 * box["height"]
-        # One click, as a user clicks. It was lost on a busy machine (plotly's widget failed on the redraw's
-        # report sent in the same message: tests/unit/test_widget_common.py); if it is lost again, the test says
-        # what the page did: plotly's events and the points messages it sent to the kernel.
-        page.evaluate("window.__events = []; const gd = document.querySelector('.js-plotly-plot');"
-                      "for (const e of ['click', 'hover', 'unhover']) "
-                      "gd.on('plotly_' + e, () => window.__events.push(e));")
-        page.mouse.move(x, y)
-        page.wait_for_function("document.querySelector('.js-plotly-plot .hoverlayer .hovertext') !== null",
-                               timeout=BUSY_MS)
-        hover = heatmap.locator(".hoverlayer .hovertext").first.text_content() or ""
-        match = re.search(r"step (\d+)(.+?)log10", hover) or re.search(r"^(.+?)first differs at step (\d+)", hover)
-        assert match is not None, hover
-        step, site = (match[1], match[2]) if hover.startswith("step") else (match[2], match[1])
-        page.mouse.click(x, y)
-        try:
-            _wait_for_text(page, ".js-plotly-plot .gtitle",
-                           f"t.includes('clicked at step {step}') && t.includes({site!r})")
-        except Exception:
-            print(f"the click on {site} at step {step} was not shown: plotly's events in the page "
-                  f"{page.evaluate('window.__events')}, points messages sent {page.evaluate('window.__sent')}, "
-                  f"titles {_plot_texts(page, '.gtitle')}")
-            raise
+        site, step = _click_a_heatmap_cell(page, ".workbench-explorer")
         page.screenshot(path=str(ARTIFACTS / "explorer-in-jupyterlab.png"), full_page=True)
         detail = [t for t in _plot_texts(page, ".gtitle") if "clicked at step" in t]
     assert len(detail) == 1 and detail[0].startswith(f"max of {site} (") and detail[0].endswith(f"at step {step}")
+
+
+def _click_a_heatmap_cell(page, root: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Click a cell of the heatmap of the explorer under ``root``, as a user clicks: the site and step the hover
+    names under the pointer; waits until the detail's title shows that site and step."""
+    heatmap = page.locator(f"{root} .js-plotly-plot").first
+    _wait_for_text(page, f"{root} .js-plotly-plot .gtitle", "t.includes('clicked at step')")
+    heatmap.scroll_into_view_if_needed()  # the notebook scrolls in its own panel; the pointer acts on what is seen
+    box = heatmap.locator(".nsewdrag").first.bounding_box()
+    assert box is not None
+    x, y = box["x"] + 0.8 * box["width"], box["y"] + 0.6 * box["height"]
+    # One click. It was lost on a busy machine (plotly's widget failed on the redraw's report sent in the same
+    # message: tests/unit/test_widget_common.py); if it is lost again, the test says what the page did: plotly's
+    # events and the points messages it sent to the kernel.
+    page.evaluate(f"window.__events = []; const gd = document.querySelector({root + ' .js-plotly-plot'!r});"
+                  "for (const e of ['click', 'hover', 'unhover']) gd.on('plotly_' + e, () => window.__events.push(e));")
+    page.mouse.move(x, y)
+    heatmap.locator(".hoverlayer .hovertext").first.wait_for(timeout=BUSY_MS)
+    hover = heatmap.locator(".hoverlayer .hovertext").first.text_content() or ""
+    match = re.search(r"step (\d+)(.+?)log10", hover) or re.search(r"^(.+?)first differs at step (\d+)", hover)
+    assert match is not None, hover
+    step, site = (match[1], match[2]) if hover.startswith("step") else (match[2], match[1])
+    page.mouse.click(x, y)
+    try:
+        _wait_for_text(page, f"{root} .js-plotly-plot .gtitle",
+                       f"t.includes('clicked at step {step}') && t.includes({site!r})")
+    except Exception:
+        print(f"the click on {site} at step {step} was not shown: plotly's events in the page "
+              f"{page.evaluate('window.__events')}, points messages sent {page.evaluate('window.__sent')}, "
+              f"titles {_plot_texts(page, '.gtitle')}")
+        raise
+    return site, step
+
+
+def test_a_pair_matrix_click_opens_an_explorer_whose_click_shows_the_site(jupyterlab) -> None:  # type: ignore[no-untyped-def]
+    with _notebook_running(jupyterlab, LAYOUTS_NOTEBOOK, height=2400) as page:
+        matrix = page.locator(".workbench-pairs .js-plotly-plot").first
+        matrix.locator(".nsewdrag").first.wait_for(timeout=BUSY_MS)
+        page.wait_for_function("document.querySelector('.workbench-pairs .js-plotly-plot .hm image, "
+                               ".workbench-pairs .js-plotly-plot .heatmaplayer image') !== null", timeout=BUSY_MS)
+        box = matrix.locator(".nsewdrag").first.bounding_box()
+        runs = matrix.locator(".ytick").count()
+        assert box is not None and runs >= 2
+        cell = 1 / runs
+        for column in range(runs):  # along the bottom row, the first pair that diverges: what the hover names
+            x, y = box["x"] + (column + 0.5) * cell * box["width"], box["y"] + (1 - 0.5 * cell) * box["height"]
+            page.mouse.move(x, y)
+            matrix.locator(".hoverlayer .hovertext").first.wait_for(timeout=BUSY_MS)
+            hover = matrix.locator(".hoverlayer .hovertext").first.text_content() or ""
+            found = re.match(r"(\S+) vs (\S+): first divergent step (\d+)", hover)
+            if found:
+                break
+        assert found is not None, f"no diverging pair in the matrix's bottom row ({hover})"
+        a, b = found[1], found[2]
+        page.mouse.click(x, y)
+        explorer = ".workbench-pairs .workbench-explorer"
+        page.locator(f"{explorer} .js-plotly-plot .cbtitle").first.wait_for(timeout=BUSY_MS)
+        selects = page.locator(f"{explorer} select")
+        pair_shown = (selects.nth(0).input_value(), selects.nth(1).input_value())
+        site, step = _click_a_heatmap_cell(page, explorer)
+        page.screenshot(path=str(ARTIFACTS / "pair-matrix-explorer-in-jupyterlab.png"), full_page=True)
+    assert pair_shown == (a, b)
+    assert site and step.isdigit()
 
 
 def test_replay_and_bisect_notebook_shows_its_verdicts(jupyterlab) -> None:  # type: ignore[no-untyped-def]
