@@ -19,7 +19,7 @@ from workbench.figures.cost import cost_figure
 from workbench.figures.divergence import BITWISE_EQUAL, amplification_figure, divergence_heatmap, heatmap_matrix
 from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.ladder import ladder_figure
-from workbench.figures.style import PALETTE, apply_style, floor_band, for_paper, resized
+from workbench.figures.style import PALETTE, apply_style, floor_band, for_paper, legend_rows, resized
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.manifest import Provenance
 from workbench.studies.report import PRINT_HALF_PAGE, PRINT_WIDTH, _for_print
@@ -43,28 +43,29 @@ def test_heatmap_marks_first_divergence_and_frontier() -> None:
     assert first.x == (3,) and first.y == ("act:layers.0.mlp",)
     assert dict(zip(frontier.y, frontier.x))["act:layers.0.mlp"] == 3
     assert "first divergence at step 3" in fig.layout.title.text
-    assert "act:layers.0.mlp" in fig.layout.title.subtitle.text
+    assert first.name == "first divergence: step 3<br>act:layers.0.mlp"  # the legend names it
     assert any("a-1234" in t and "schema v1" in t and "abcdef012345" in t for t in _annotation_texts(fig))
 
 
 @pytest.mark.parametrize("site", ["grad:embedding.word_embeddings.weight", "act_grad:layers.0"])
-def test_heatmap_title_subtitle_legend_and_label_each_have_their_own_place(site: str) -> None:
+def test_heatmap_title_and_legend_name_the_first_divergence_and_nothing_covers_the_matrix(site: str) -> None:
     a = records("a", steps=20)
     result = compare(a, perturb(a, "b", step=15, site=site))
     screen = divergence_heatmap(result, provenance=PROVENANCE)
-    assert "<br>" not in screen.layout.title.text  # the site is the subtitle, not a second line squeezed under it
-    assert screen.layout.title.subtitle.text == f"at {site}"
+    assert screen.layout.title.text == "a vs b: first divergence at step 15"
     assert (screen.layout.legend.y, screen.layout.legend.yanchor) == (1.0, "bottom")  # above the plot, in the margin
-    assert [t.name for t in screen.data if t.showlegend is not False and t.type != "heatmap"] == \
-        ["frontier (first divergent step per site)"]  # one entry: the legend never wraps into the title
+    entries = [str(t.name) for t in screen.data if t.showlegend is not False and t.type != "heatmap"]
+    assert entries[0] == "frontier (first divergent step per site)" and len(entries) == 2
+    step, *lines = entries[1].split("<br>")  # the site broken at dots: the entry fits a paper's column
+    assert step == "first divergence: step 15" and "".join(lines) == site and max(map(len, lines)) <= 30
     rows = len(screen.data[0].y)
     for fig in (screen, for_paper(screen, "column"), for_paper(screen, "page")):
-        (label,) = [a for a in fig.layout.annotations if a.name == "first-divergence"]
-        # placed in data coordinates, inside the matrix: clear of the title, the legend and the colour bar
-        assert (label.axref, label.ayref) == ("x", "y") and 0 <= label.ax <= 19 and 0 <= label.ay <= rows - 1
-        assert label.text.startswith("first: step 15<br>")
-        assert max(len(line) for line in label.text.split("<br>")) <= 24  # long site names broken at dots
-        assert abs(label.ay - list(fig.data[0].y).index(label.y)) >= 0.25 * (rows - 1)  # the marker stays visible
+        # the one annotation left is the footer: no label lies over the matrix's cells
+        assert [a.name for a in fig.layout.annotations] == ["provenance"]
+        (marker,) = [t for t in fig.data if str(t.name).startswith("first divergence")]
+        assert (marker.x[0], marker.y[0]) == (15, list(fig.data[0].y)[list(fig.data[0].y).index(marker.y[0])])
+    # the legend's rows each get their room under the title (tests/browser/test_figure_layout.py renders it)
+    assert screen.layout.margin.t >= 44 + 22 * legend_rows(entries)
     assert list(screen.layout.yaxis.range) == [rows - 0.5, -0.5] and list(screen.layout.xaxis.range) == [-0.5, 19.5]
 
 

@@ -9,9 +9,9 @@ bitwise equal, else log10 of the relative difference of one statistic (no NaN ga
 matrix stays a float array that serialises as valid JSON and copies cheaply). Large runs are
 binned (the largest difference in a bin is shown, so a single divergent cell is never
 averaged away); the first divergent step and site are marked and the frontier (the
-first divergent step of every site) is drawn over it. The title, its subtitle (the first
-divergent site) and the legend lie in bands of the top margin, and the first divergence's
-label inside the plot, so nothing overlaps at screen size or at a paper's (``for_paper``).
+first divergent step of every site) is drawn over it. The title and the legend (which names the
+first divergent step and site) lie in bands of the top margin, so nothing covers the matrix and
+nothing overlaps, at screen size or at a paper's (``for_paper``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from workbench.analysis.compare import Comparison
 from workbench.analysis.difference import relative as relative_of
 from workbench.analysis.growth import amplification
 from workbench.analysis.ladder import per_layer_error, sites_in_model_order
-from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, line_style
+from workbench.figures.style import EQUAL_COLOUR, FONT_SIZE, SEQUENTIAL, apply_style, legend_rows, line_style
 from workbench.sites import layer_label
 from workbench.store.manifest import Provenance
 
@@ -243,12 +243,11 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     if result.first_site in full.index and result.first_step is not None and \
             shown_steps[0] <= result.first_step <= shown_steps[1]:
         y0 = _bin_names([str(result.first_site)], full.index, row_starts)[0]
-        # no legend entry: the label beside it says what it is, and the legend stays one line at any width
-        fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name="first divergence",
-                                 showlegend=False,
+        # its step and site in the legend, above the plot: a label over the matrix hid its cells at paper sizes
+        first = f"first divergence: step {result.first_step}<br>{_broken(str(result.first_site))}"
+        fig.add_trace(go.Scatter(x=[result.first_step], y=[y0], mode="markers", name=first,
+                                 hovertemplate=first + "<extra></extra>",
                                  marker=dict(symbol="x", size=13, color="#000000", line=dict(width=2))))
-        _label_first(fig, result.first_step, str(result.first_site), y=y0, rows=len(row_names),
-                     row=row_names.index(y0), steps=(columns[0], columns[-1]))
     if result.identical and full.size:  # an all-grey matrix says it only through its colour bar
         fig.add_annotation(text="bitwise identical:<br>every site, every step", xref="paper", yref="paper", x=0.5,
                            y=0.5, showarrow=False, bgcolor="rgba(255,255,255,0.85)", font=dict(size=FONT_SIZE + 2))
@@ -256,10 +255,11 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
                                              f"first divergence at step {result.first_step}")
     height = max(420, min(900, 14 * len(_layer_starts(row_names)) + 420))
     apply_style(fig, title=title, provenance=provenance, height=height)
-    # title, subtitle and legend stacked in the top margin, each on its own band: nothing over the plot
-    fig.update_layout(title=dict(subtitle=dict(text=None if result.identical else f"at {result.first_site}",
-                                               font=dict(size=FONT_SIZE, color="#555555"))),
-                      margin=dict(t=_TOP_MARGIN),
+    # the title and the legend (its rows as many as its entries need) stacked in the top margin: nothing over the plot
+    entries = [str(t.name) for t in fig.data if t.type != "heatmap" and t.showlegend is not False]
+    rows = legend_rows(entries) if entries else 0
+    fig.update_layout(title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=14)),
+                      margin=dict(t=_TITLE_BAND + _LEGEND_ROW * rows),
                       legend=dict(orientation="h", y=1.0, x=0, xanchor="left", yanchor="bottom"))
     fig.update_xaxes(title="step", showgrid=False, zeroline=False)
     fig.update_yaxes(range=[len(row_names) - 0.5, -0.5], showgrid=False, title="site (model order)")
@@ -269,25 +269,15 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
     return fig
 
 
-_TOP_MARGIN = 130
-"""Pixels above the plot: plotly centres the title (~22) and its subtitle (~18) in this margin, and one row
-of legend (~28) sits at its bottom, below them."""
+_TITLE_BAND = 50
+"""Pixels above the legend for the title, at the top of the figure."""
+_LEGEND_ROW = 30
+"""Pixels of one row of the horizontal legend."""
 
 
-def _label_first(fig: go.Figure, step: int, site: str, *, y: str, rows: int, row: int,
-                 steps: tuple[int, int]) -> None:
-    """The first divergence's step and site in the middle of the plot (across) and in the half of it (down)
-    the marker is not in, with an arrow to the marker: inside the plot at any size, clear of title and legend.
-    ``row`` is the marker's row of ``rows``; ``steps`` the first and last column shown."""
-    label_row = (row + 0.3 * (rows - 1)) if row < rows / 2 else (row - 0.3 * (rows - 1))
-    fig.add_annotation(x=step, y=y, text=f"first: step {step}<br>{_broken(site)}", showarrow=True, arrowhead=2,
-                       axref="x", ayref="y", ax=(steps[0] + steps[1]) / 2, ay=label_row, xanchor="center",
-                       yanchor="middle", align="left", font=dict(size=11), bgcolor="rgba(255,255,255,0.9)",
-                       name="first-divergence")
-
-
-def _broken(name: str, width: int = 18) -> str:
-    """``name`` over several lines (``<br>``) of at most ~``width`` characters, broken after dots."""
+def _broken(name: str, width: int = 30) -> str:
+    """``name`` over several lines (``<br>``) of at most ~``width`` characters, broken after dots: a legend entry
+    that fits a paper's column."""
     lines = [""]
     for piece in re.split(r"(?<=\.)", name):  # each piece ends with its dot
         if lines[-1] and len(lines[-1]) + len(piece) > width:

@@ -79,16 +79,19 @@ def legend_height(fig: go.Figure) -> int:
     return (margin.t or 0) + (margin.b or 0) + LEGEND_ENTRY_PX * legend_entries(fig)
 
 
-def legend_rows(entries: list[str], width: float = 630.0, font_size: float = FONT_SIZE) -> int:
+def legend_rows(entries: list[str], width: float = 630.0, font_size: float = FONT_SIZE) -> float:
     """Rows of a horizontal legend of ``entries`` across ``width`` pixels (a 700 px figure less its left margin),
-    each entry its symbol (~40 px at ``FONT_SIZE``) and its text (~0.62 em a character)."""
-    rows, used = 1, 0.0
+    each entry its symbol (~40 px at ``FONT_SIZE``) and its text (~0.62 em a character). An entry of several lines
+    (``<br>``) is as wide as its longest, and each line more makes its row ~0.6 of a row higher."""
+    rows, used, extra = 0.0, 0.0, 0.0
     for entry in entries:
-        needed = (40 / FONT_SIZE + 0.62 * len(entry)) * font_size
+        lines = entry.split("<br>")
+        needed = (40 / FONT_SIZE + 0.62 * max(len(line) for line in lines)) * font_size
         if used and used + needed > width:
-            rows, used = rows + 1, 0.0
+            rows, used, extra = rows + 1 + extra, 0.0, 0.0
         used += needed
-    return rows
+        extra = max(extra, 0.6 * (len(lines) - 1))
+    return rows + 1 + extra
 
 
 _FOOTER_SIZE = 9
