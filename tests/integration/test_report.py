@@ -21,6 +21,7 @@ def test_html_report_has_figures_findings_and_manifests(mini_demo: Path, tmp_pat
         assert f'id="{figure_id}"' in text, figure_id
     assert "repeats det-r0 vs det-r1: bitwise identical" in text
     assert "resume check of resumed (resumed at step 4)" in text
+    assert "<br>the runs differ in: " in text  # tp2's environment, on its own line under its finding
     assert "det-r0-" in text and "&quot;config_hash&quot;" in text  # manifests, escaped
     assert "<h2>Summary</h2>" not in text and text.count(">run_<wbr>id</th>") == 1  # the runs table once
     assert "Precision and layout against det-r0" in text and "<h2>Anomalies</h2><table" in text

@@ -104,7 +104,9 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
 
 
 def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: str) -> str:
-    findings = "".join(f"<li>{html.escape(line)}</li>" for line in summary.findings)
+    # a finding's further lines (the environments that differ) kept as lines, not run into its first
+    findings = "".join(f"<li>{'<br>'.join(html.escape(part.strip()) for part in line.splitlines())}</li>"
+                       for line in summary.findings)
     tables = "".join(f"<h3>{html.escape(t.heading[:1].upper() + t.heading[1:])}</h3>"
                      f"{_table(t.frame, index=t.index, floats=t.format)}" for t in summary.tables())
     manifests = "".join(
