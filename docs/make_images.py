@@ -5,6 +5,10 @@
         # every figure of the report on the runs in RUNS, and the pair matrix, at a paper's column and page
         # width, in docs/images/sheet/ (the figures docs/figures.md shows)
 
+    python docs/make_images.py --report RUNS
+        # the report on the runs in RUNS (`workbench report`), its first screen in Chromium at 1200 x 1500:
+        # docs/images/report-first-page.png, and its figure of every run's loss: report-loss.png
+
 docs/images/explorer.png is the screenshot the browser test saves, after it clicks a heatmap cell
 (build/test-artifacts/explorer-in-jupyterlab.png) after driving the explorer in JupyterLab.
 bisect.png reads the operation traces the demo's investigation left in data/runs/demo/fault/bisect.
@@ -31,6 +35,27 @@ if sys.argv[1:2] == ["--sheet"]:
     chosen["pairs"] = views.pairs(ws).figure
     sized = {f"{name}-{size}": for_paper(figure, size) for name, figure in chosen.items() for size in ("column", "page")}
     print(export_figures(sized, Path(__file__).parent / "images" / "sheet", ["png"], scale=1.5))
+    sys.exit(0)
+
+if sys.argv[1:2] == ["--report"]:
+    import shutil
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    from workbench.cli import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.html"
+        main(["report", sys.argv[2], "-o", str(report)])
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1200, "height": 1500})
+            page.goto(report.as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+            page.screenshot(path=str(Path(__file__).parent / "images" / "report-first-page.png"))
+            page.locator("#loss").screenshot(path=str(Path(__file__).parent / "images" / "report-loss.png"))
+            browser.close()
     sys.exit(0)
 
 ws = Workspace.open("data/runs/demo")

@@ -62,6 +62,15 @@ BOXES_JS = """
   gd.querySelectorAll('g.annotation').forEach(el => add('annotation ' + el.getAttribute('data-index'),
                                                         el.querySelector('g.annotation-text-g') || el));
   gd.querySelectorAll('g.colorbar').forEach((el, i) => add('colorbar' + i, el));
+  // a legend taller than its room is cut (or scrolls): an entry below the bottom of its background is hidden
+  gd.querySelectorAll('g.legend').forEach(legend => {
+    const bg = legend.querySelector('rect.bg');
+    if (!bg) return;
+    const bottom = bg.getBoundingClientRect().bottom;
+    legend.querySelectorAll('g.traces').forEach(el => {
+      const r = el.getBoundingClientRect();
+      if (r.height > 0.5 && r.top > bottom - 1) out.push({group: 'legend hidden entry', text: el.textContent || '',
+                                                          x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}); }); });
   const r = gd.getBoundingClientRect();
   return {boxes: out, x0: r.left, y0: r.top};
 }
@@ -134,6 +143,9 @@ def layout_faults(boxes: list[dict[str, Any]], width: float, height: float) -> l
               f"{b['y1']:.0f}) of {width:.0f} x {height:.0f}"
               for b in boxes if b["x0"] < -SLACK_PX or b["y0"] < -SLACK_PX or b["x1"] > width + SLACK_PX
               or b["y1"] > height + SLACK_PX]
+    faults += [f"legend entry {b['text']!r} hidden: the legend is cut" for b in boxes
+               if b["group"] == "legend hidden entry"]
+    boxes = [b for b in boxes if b["group"] != "legend hidden entry"]
     for a, b in combinations(boxes, 2):
         if a["group"] == b["group"] or _same_axis_ticks(a, b):
             continue
@@ -155,6 +167,23 @@ def test_the_checker_finds_a_label_over_the_footer_and_one_outside(page: Any) ->
     faults = layout_faults(*_laid_out(page, figure))
     assert any("over the footer" in f and "overlaps" in f for f in faults), faults
     assert any("'outside' leaves the figure" in f for f in faults), faults
+
+
+def test_a_legend_of_sixteen_runs_is_shown_whole(page: Any) -> None:
+    # the report's loss of the demo's 13 runs: each run its own legend group, whose gaps made the legend scroll
+    import numpy as np
+    import pandas as pd
+
+    from workbench.figures.trajectories import trajectory_figure
+
+    steps = pd.RangeIndex(60, name="step")
+    series = {f"run-{i}": pd.Series(np.linspace(5, 2, 60) + 0.01 * i, index=steps) for i in range(16)}
+    spread = (series["run-0"] - 0.1, series["run-0"] + 0.1)
+    figure = trajectory_figure(series, reference="run-0", floor=spread, seed_spread=spread, title="loss of every run")
+    faults = layout_faults(*_laid_out(page, figure))
+    assert not faults, faults
+    plain = go.Figure(figure).update_layout(legend=dict(tracegroupgap=10))  # plotly's gap: the checker sees it
+    assert any("hidden: the legend is cut" in f for f in layout_faults(*_laid_out(page, plain)))
 
 
 def test_no_label_overlaps_another_or_leaves_the_figure(page: Any, mini_demo: Path) -> None:

@@ -18,7 +18,7 @@ def test_html_report_has_figures_findings_and_manifests(mini_demo: Path, tmp_pat
     assert 'src="https://cdn' not in text and text.count("Plotly.newPlot") >= 5  # plotly.js inline, figures live
     for figure_id in ("loss", "heatmap-det-r0-vs-det-r1", "heatmap-nondet-r0-vs-nondet-r1", "heatmap-det-r0-vs-tp2",
                       "growth-det-r0-vs-tp2", "ladder", "cost"):
-        assert f'id="{figure_id}"' in text, figure_id
+        assert text.count(f'id="{figure_id}"') == 1 and f'id="{figure_id}-plot"' in text, figure_id
     assert "repeats det-r0 vs det-r1: bitwise identical" in text
     assert "resume check of resumed (resumed at step 4)" in text
     assert "<br>the runs differ in: " in text  # tp2's environment, on its own line under its finding

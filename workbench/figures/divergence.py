@@ -262,7 +262,9 @@ def divergence_heatmap(result: Comparison, stat: str = "l2", *, sites: list[str]
                       margin=dict(t=_TITLE_BAND + _LEGEND_ROW * rows),
                       legend=dict(orientation="h", y=1.0, x=0, xanchor="left", yanchor="bottom"))
     fig.update_xaxes(title="step", showgrid=False, zeroline=False)
-    fig.update_yaxes(range=[len(row_names) - 0.5, -0.5], showgrid=False, title="site (model order)")
+    # the labels stand clear of the plot: the first divergence's marker at the first step reaches past its column
+    fig.update_yaxes(range=[len(row_names) - 0.5, -0.5], showgrid=False, title="site (model order)",
+                     ticklabelstandoff=8)
     if columns:  # explicit: the markers would otherwise pad the axis beyond the matrix
         half = column_width * binned / 2
         fig.update_xaxes(range=[columns[0] - half, columns[-1] + half])

@@ -92,5 +92,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
     fig.update_xaxes(title="step", row=2 if with_diff else 1, col=1)
     if anomalies is not None:
         mark_anomalies(fig, anomalies, row=1, col=1)
-    fig.update_layout(height=max(fig.layout.height, legend_height(fig)))  # a legend entry per run, band and mark
+    # a legend entry per run, band and mark, and the height they take: each run is its own legend group, and
+    # plotly's gap between groups made 13 runs' legend scroll, its last entries hidden
+    fig.update_layout(legend=dict(tracegroupgap=0), height=max(fig.layout.height, legend_height(fig)))
     return fig

@@ -177,7 +177,8 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
     say(counted(len(figures), "figure"))
     if fmt == "html":
         head = f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
-        bodies = {name: fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)
+        # the plot's own id apart from its section's (the section's is the figure's anchor): one element per id
+        bodies = {name: fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"{name}-plot")
                   for name, fig in figures.items()}
         out.write_text(_page(summary, ws, bodies, head), encoding="utf-8")
         return out
