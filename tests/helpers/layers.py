@@ -46,15 +46,27 @@ def layer_modules(layer: str) -> list[str]:
     return [".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__") for f in files]
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
-    """(imported workbench module, whether the import sits inside a function) of a source file."""
+def _is_module(dotted: str) -> bool:
+    """Whether a dotted name of the package is one of its modules (``from workbench.runner import zygote``)."""
+    path = PACKAGE.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path, *, typing: bool = True) -> list[tuple[str, bool]]:
+    """(imported workbench module, whether the import sits inside a function) of a source file; without
+    ``typing``, those under ``if TYPE_CHECKING:`` left out (they are never run)."""
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, inside: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if not typing and isinstance(child, ast.If) and isinstance(child.test, ast.Name) and \
+                    child.test.id == "TYPE_CHECKING":
+                continue
             nested = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("workbench"):
-                names = [child.module] if child.module != "workbench" else [f"workbench.{a.name}" for a in child.names]
+                # ``from package import module`` imports that module; any other name comes from the module named
+                modules = [f"{child.module}.{a.name}" for a in child.names if _is_module(f"{child.module}.{a.name}")]
+                names = modules if len(modules) == len(child.names) else [child.module, *modules]
                 found.extend((name, inside) for name in names)
             elif isinstance(child, ast.Import):
                 found.extend((a.name, inside) for a in child.names if a.name.startswith("workbench"))
@@ -62,3 +74,53 @@ def imports(path: Path) -> list[tuple[str, bool]]:
 
     visit(ast.parse(path.read_text()), False)
     return found
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a source file of the package (a package's ``__init__`` is the package)."""
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def import_cycles() -> list[list[str]]:
+    """Every set of the package's modules that import one another in a circle, at run time (inside functions
+    too; not under ``TYPE_CHECKING``): the strongly connected components of more than one module."""
+    files = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+    def target(name: str) -> str | None:
+        return name if name in files else None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        found = set()
+        for imported, _ in imports(path, typing=False):
+            resolved = target(imported)
+            if resolved and resolved != module:
+                found.add(resolved)
+        graph[module] = found
+    cycles, index, low, stack, on = [], {}, {}, [], set()
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return cycles

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.layers import ALLOWED, LAZY_ONLY, PACKAGE, imports, layer_of
+from tests.helpers.layers import ALLOWED, LAZY_ONLY, PACKAGE, import_cycles, imports, layer_of
 
 
 def test_every_layer_imports_only_the_layers_below_it() -> None:
@@ -29,3 +29,16 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("from workbench.figures.style import footer\n\ndef f():\n    import workbench.runner.launch\n")
     assert imports(bad) == [("workbench.figures.style", False), ("workbench.runner.launch", True)]
     assert "figures" not in ALLOWED["analysis"] and layer_of("workbench.figures.style") == "figures"
+
+
+def test_no_modules_import_one_another_in_a_circle() -> None:
+    # at run time, inside functions too: a circle makes the order of imports matter and the modules one
+    assert import_cycles() == []
+
+
+def test_the_cycle_check_counts_imports_in_functions_and_not_those_for_types(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from workbench.analysis import compare\ndef f():\n    from workbench.runner import zygote\n")
+    assert imports(source, typing=False) == [("workbench.runner.zygote", True)]  # the module, not its package
+    assert ("workbench.analysis.compare", False) in imports(source)

@@ -30,6 +30,7 @@ import pandas as pd
 import xarray as xr
 
 from workbench.analysis.difference import FirstHit, first_true, relative_difference
+from workbench.analysis.growth import amplification
 from workbench.errors import IncomparableRunsError
 from workbench.sites import KINDS, split_site
 from workbench.store.records import RunRecords
@@ -108,8 +109,6 @@ class Comparison:
     def summary(self, *, escape: Callable[[str], str] = str) -> str:
         """What ``workbench compare`` prints: the common steps and sites, the first divergence, its origins, how
         fast the gap grows and the largest differences; run and site names pass through ``escape``."""
-        from workbench.analysis.growth import amplification  # growth builds on comparisons
-
         a, b = escape(self.a), escape(self.b)
         lines = [f"warning: {escape(warning)}" for warning in self.warnings]
         lines.append(f"{a} vs {b}: {len(self.common_steps)} common recorded steps, {len(self.common_sites)} common "
@@ -152,8 +151,6 @@ class Comparison:
             "warnings": self.warnings,
         }
         if growth:
-            from workbench.analysis.growth import amplification
-
             found = amplification(self)
             out.update(growth_log10_per_step=_finite_or_none(found.rate), saturation_step=found.saturation_step,
                        plateau=_finite_or_none(found.plateau))

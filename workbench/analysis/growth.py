@@ -9,11 +9,13 @@ floor is ``analysis.noise_floor``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.compare import Comparison
+if TYPE_CHECKING:  # compare builds on growth (a comparison's summary says how fast the gap grows)
+    from workbench.analysis.compare import Comparison
 
 MIN_RISE_DECADES = 1.0
 """A saturation is reported only after the difference rose by at least this much."""

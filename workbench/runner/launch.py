@@ -26,6 +26,7 @@ from workbench import determinism
 from workbench.config import Precision, RunConfig
 from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError, UnsupportedError
 from workbench.runner import zygote as zygotes
+from workbench.runner.rank_log import RANK_ERROR
 from workbench.runner.zygote import ForkedRank
 from workbench.store import layout
 from workbench.store.manifest import parse_manifest, runner_manifest
@@ -119,12 +120,6 @@ def _stop(ranks: list[_Rank]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(r.process.pid, signal.SIGKILL)
             r.process.wait()
-
-
-RANK_ERROR = "workbench: error: "
-"""How a rank's log starts the line of an error the workbench raised on purpose (the worker prints it)."""
-DIVERGED = "DIVERGED "
-"""How rank 0's log starts the line that says where a run left its live reference (``--against``)."""
 
 
 def error_excerpt(log: Path, lines: int = 25) -> str:

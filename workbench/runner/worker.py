@@ -33,7 +33,7 @@ from workbench.config import RunConfig
 from workbench.errors import CheckpointError, CheckpointWriteError, WorkbenchError
 from workbench.recorder.live import LiveCheck
 from workbench.runner import cpu_compat
-from workbench.runner.launch import DIVERGED, RANK_ERROR
+from workbench.runner.rank_log import DIVERGED, RANK_ERROR
 from workbench.runner.trainer import Trainer
 from workbench.store import layout
 from workbench.store.manifest import parse_layout
