@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_roles import info
+from tests.helpers.manifests import info
 from workbench.environment import ENV_KEY, collect, difference
 from workbench.store.reader import open_run
 from workbench.store.synthetic import write_synthetic_run

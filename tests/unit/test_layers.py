@@ -42,3 +42,14 @@ def test_the_cycle_check_counts_imports_in_functions_and_not_those_for_types(tmp
                       "    from workbench.analysis import compare\ndef f():\n    from workbench.runner import zygote\n")
     assert imports(source, typing=False) == [("workbench.runner.zygote", True)]  # the module, not its package
     assert ("workbench.analysis.compare", False) in imports(source)
+
+
+def test_tests_share_helpers_only_through_tests_helpers() -> None:
+    # a test module imported by another runs its collection-time code twice and ties the two together (the test of
+    # the conftest's own hooks imports it)
+    tests = Path(__file__).resolve().parents[1]
+    wrong = [f"{path.relative_to(tests)}: {line.strip()}" for path in sorted(tests.rglob("*.py"))
+             for line in path.read_text().splitlines()
+             if line.startswith(("from tests.", "import tests."))
+             and not line.startswith(("from tests.helpers", "import tests.helpers", "from tests.conftest"))]
+    assert not wrong, "\n".join(wrong)
