@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError
-from workbench.sites import DEFAULT_KINDS, PARAMETER_KINDS, SITE_KINDS
+from workbench.sites import DEFAULT_KINDS, PARAMETER_KINDS, SITE_KINDS, split_site
 
 
 class Precision(StrEnum):
@@ -360,7 +360,7 @@ class FaultConfig:
         object.__setattr__(self, "kind", _enum(FaultKind, self.kind, "fault.kind"))
         if self.kind is FaultKind.NONE:
             return
-        kind, _, name = self.site.partition(":")
+        kind, name = split_site(self.site)
         _require(kind in ("act", "grad") and name != "", "fault.site", self.site,
                  "\"act:<module>\" such as \"act:layers.1.mlp\" or \"grad:<parameter>\"")
         for field_name in ("step", "index"):
@@ -470,7 +470,7 @@ class RunConfig:
                  "switch sources on one by one)")
         _require(not (self.nondeterminism.moe_token_combine and not m.is_moe), "nondeterminism.moe_token_combine",
                  True, "false or absent for a dense model (model.num_experts = 0)")
-        sharded = [p for p in self.record.snapshot_sites if any(fnmatch.fnmatchcase(kind, p.partition(":")[0])
+        sharded = [p for p in self.record.snapshot_sites if any(fnmatch.fnmatchcase(kind, split_site(p)[0])
                                                                  for kind in PARAMETER_KINDS)]
         _require(not (self.optim.use_distributed_optimizer and self.record.snapshot_steps and sharded),
                  "record.snapshot_sites", list(self.record.snapshot_sites), "activation sites only with "

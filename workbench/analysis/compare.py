@@ -32,7 +32,7 @@ import xarray as xr
 from workbench.analysis.difference import FirstHit, first_true, relative_difference
 from workbench.analysis.growth import amplification
 from workbench.errors import IncomparableRunsError
-from workbench.sites import KINDS, split_site
+from workbench.sites import KINDS, site_id, split_site
 from workbench.store.records import RunRecords
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def _inputs(site: str, kind: str, name: str, present: set[str], previous_of_kind
     """The recorded sites ``site`` is computed from, by the rule in the module docstring (None: unknown): the
     sites of the same name its kind is computed from (``sites.KINDS``), else the previous site of its kind."""
     known = KINDS.get(kind)
-    inputs = [f"{k}:{name}" for k in (known.computed_from if known else ()) if f"{k}:{name}" in present]
+    inputs = [site_id(k, name) for k in (known.computed_from if known else ()) if site_id(k, name) in present]
     if inputs:
         return inputs
     if known is not None and not known.chained:

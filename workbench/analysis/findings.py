@@ -15,6 +15,7 @@ from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.resume import resume_check
 from workbench.config import flatten
 from workbench.environment import difference
+from workbench.sites import split_site
 from workbench.store.records import RunRecords
 
 
@@ -48,8 +49,8 @@ def config_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 def _optimizer_first(result: Comparison) -> bool:
     """True when every site but the optimizer's (its moments and the update) agrees at the first differing step."""
     equal = result.equal.loc[result.first_step]
-    return all(bool(equal[s]) for s in result.common_sites if s.split(":")[0] not in ("exp_avg", "exp_avg_sq",
-                                                                                         "update"))
+    return all(bool(equal[s]) for s in result.common_sites
+               if split_site(s)[0] not in ("exp_avg", "exp_avg_sq", "update"))
 
 
 def study_findings(records: dict[str, RunRecords], reference: str, repeats: list[list[str]], *,

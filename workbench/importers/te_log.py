@@ -54,7 +54,7 @@ from pandas.api.types import union_categoricals
 
 from workbench.errors import ImportFormatError, LogNotFoundError
 from workbench.importers.table import long_table, row_keys, write_run_from_table
-from workbench.sites import SITE_KINDS, split_site, strip_wrappers
+from workbench.sites import SITE_KINDS, site_id, split_site, strip_wrappers
 from workbench.store.records import RunRecords
 from workbench.store.writer_lock import holding
 
@@ -100,7 +100,7 @@ def site_of(layer_name: str, tensor_name: str) -> str:
     """The workbench site of a TE layer name and tensor name (the inverse of ``te_names``)."""
     name = strip_wrappers(layer_name).removeprefix("decoder.")
     kind = _TENSOR_KIND.get(tensor_name, tensor_name.removeprefix(_OWN_TENSOR))
-    return f"{kind}:{name}.weight" if tensor_name in _WEIGHT_TENSOR.values() else f"{kind}:{name}"
+    return site_id(kind, f"{name}.weight" if tensor_name in _WEIGHT_TENSOR.values() else name)
 
 
 def te_log_path(root: str | Path, rank: int = 0) -> Path:

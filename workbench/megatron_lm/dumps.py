@@ -73,7 +73,7 @@ from workbench.megatron_lm.router_traces import LIMITS as ROUTER_LIMITS
 from workbench.megatron_lm.router_traces import layer_record, read_router_traces, router_trace_files
 from workbench.recorder.kernels import accumulate, new_accumulators
 from workbench.recorder.placement import Placement, activation_placement, whole
-from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id
+from workbench.sites import SITE_KINDS, canonical_name, layer_of, site_id, split_site
 from workbench.statistics import PRECISION_LIMITS, assemble, pack_fingerprints
 from workbench.store import layout
 from workbench.store.manifest import ParallelLayout, RunManifest, new_run_id, store_attributes
@@ -439,7 +439,7 @@ def _accumulate(found: _Accumulated, f: DumpFile, dump: DumpLayout, site: str, s
     if found.precision is None and value.is_floating_point() and f.kind in ("params", "activations"):
         found.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(value.dtype, "fp32")
     where = placement(f.kind, key, tuple(value.shape), tp_rank=f.tp, dump=dump)
-    name = site.partition(":")[2]
+    name = split_site(site)[1]
     _add(found, f.step, site, value, where, (SITE_KINDS.index(site_kind), *_position(site_kind, name, index), f.pp),
          source=f.path)
 
@@ -527,7 +527,7 @@ def _tpe_entry(line: str, where: str) -> dict[str, Any]:
 
 
 def _site_info(site: str, order: int, found: _Accumulated) -> SiteInfo:
-    kind, _, name = site.partition(":")
+    kind, name = split_site(site)
     layer = layer_of(name)
     return SiteInfo(site=site, kind=kind, name=name, layer=-1 if layer is None else layer, order=order,
                     shape="x".join(map(str, found.shape[site])), dtype=found.dtype[site],

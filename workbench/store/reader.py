@@ -36,6 +36,7 @@ from workbench.errors import (
     UntrustedFileError,
     WorkbenchError,
 )
+from workbench.sites import site_id, split_site
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, check_facts, parse_manifest
 from workbench.store.op_trace import read_trace
@@ -400,7 +401,7 @@ class Run:
 
     def snapshot(self, step: int, site: str) -> np.ndarray:
         """The full tensor of ``site`` ("kind:name") recorded at ``step``."""
-        kind, _, name = site.partition(":")
+        kind, name = split_site(site)
         path = layout.snapshot_path(step, kind, name)
         try:
             array = zarr.open_array(self._at(path), mode="r")
@@ -413,7 +414,7 @@ class Run:
 
     def snapshot_dtype(self, step: int, site: str) -> str:
         """The dtype the tensor had in training (snapshots of 16-bit tensors are stored as float32)."""
-        kind, _, name = site.partition(":")
+        kind, name = split_site(site)
         array = zarr.open_array(self._at(layout.snapshot_path(step, kind, name)), mode="r")
         return str(array.attrs.get("source_dtype", array.dtype))
 
@@ -422,7 +423,7 @@ class Run:
         found: dict[int, list[str]] = {}
         listed = layout.snapshot_arrays(self.paths.store) if self.url is None else _snapshot_members(self._root)
         for step, kind, name in listed:
-            found.setdefault(step, []).append(f"{kind}:{name}")
+            found.setdefault(step, []).append(site_id(kind, name))
         return found
 
     def _at(self, path: str) -> str | Path:
