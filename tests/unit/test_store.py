@@ -105,9 +105,12 @@ def test_derived_runs_live_in_their_parent_and_are_listed_under_it(tmp_path: Pat
     assert derived_runs(a) == [bisected, replay] and derived_runs(b) == []
     assert sorted(Workspace.open(tmp_path).runs) == ["a", "b"]  # the widgets and notebooks see what ls lists
     assert main(["ls", str(tmp_path)]) == 0
-    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    lines = capsys.readouterr().out.splitlines()[1:]
+    rows = [line.split()[:3] for line in lines]
     assert [row[:3] if row[0] == "└" else row[:1] for row in rows] == [
         ["a"], ["└", "b-replay-3", "(bisect/a-vs-b/b)"], ["└", "a-replay-3", "(replays/step_000003)"], ["b"]]
+    # names left-aligned: a run at the line's start, a derived one indented under it
+    assert [len(line) - len(line.lstrip()) for line in lines] == [0, 2, 2, 0]
 
 
 def test_list_runs(tmp_path: Path) -> None:

@@ -44,6 +44,10 @@ def _ls(args: argparse.Namespace) -> int:
             rows.append(child)
     shown = pd.DataFrame(rows, columns=table.columns).drop(columns=["path"])
     shown = shown.map(lambda cell: terminal_safe(cell) if isinstance(cell, str) else cell)
+    for column in shown.columns:  # text left-aligned: a derived run's └ then stands under its parent
+        if all(isinstance(value, str) for value in shown[column]):
+            width = max(len(value) for value in shown[column])
+            shown[column] = [value.ljust(width) for value in shown[column]]
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}", justify="left"))
     return 0
 
