@@ -343,6 +343,15 @@ def subgroup(group: zarr.Group, path: str) -> zarr.Group:
     return node
 
 
+def contains(group: zarr.Group, path: str) -> bool:
+    """Whether ``group`` holds a node at ``path``. One whose metadata cannot be read is there: the reader that
+    opens it (``array``, ``subgroup``) names the damage; zarr's own ``in`` raises whatever its parser raised."""
+    try:
+        return path in group
+    except Exception:  # a zarr.json that is no JSON, or not zarr's: present, and damaged
+        return True
+
+
 def _where(group: zarr.Group, path: str) -> str:
     root = located(group)
     return f"{root.rstrip('/')}/{path}"

@@ -100,7 +100,7 @@ class Run:
             raise DamagedStoreError(f"{self.paths.store}: the scalars declare {planned} steps where the manifest "
                                     f"plans {bound}; the store is damaged (rewrite the run)")
         for name in layout.SCALAR_FIELDS:
-            if name in self._scalars or name not in layout.ADDED_SCALARS:
+            if layout.contains(self._scalars, name) or name not in layout.ADDED_SCALARS:
                 layout.check_shape(layout.array(self._scalars, name), (planned,), "the scalars' done row")
         return planned
 
@@ -152,8 +152,8 @@ class Run:
         group = self._scalars
         first, end = self._completed_span()
         frame = pd.DataFrame({name: self._rows(layout.array(group, name), first, end, strict=self.every_chunk_written)
-                              if name in group or name not in layout.ADDED_SCALARS else np.full(end - first, np.nan)
-                              for name in layout.SCALAR_FIELDS},
+                              if layout.contains(group, name) or name not in layout.ADDED_SCALARS
+                              else np.full(end - first, np.nan) for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)
         return frame
@@ -168,7 +168,7 @@ class Run:
 
     @property
     def has_sites(self) -> bool:
-        return layout.SITES_GROUP in self._root
+        return layout.contains(self._root, layout.SITES_GROUP)
 
     def _sites_group(self) -> zarr.Group:
         """The ``sites`` group, its shapes checked: opened once it exists (its arrays' shapes never change; their
@@ -260,7 +260,7 @@ class Run:
     @property
     def has_bin_fingerprints(self) -> bool:
         """Whether the store folds each block of recorded steps' fingerprints (schema 3: ``layout.BIN_ROWS_ARRAY``)."""
-        return self.has_sites and layout.BIN_ROWS_ARRAY in self._sites_group()
+        return self.has_sites and layout.contains(self._sites_group(), layout.BIN_ROWS_ARRAY)
 
     def bin_fingerprints(self, rows: int) -> tuple[int, np.ndarray]:
         """(rows per block, the folds [block, site]) of the whole blocks among the first ``rows`` written rows;
@@ -438,7 +438,7 @@ class Run:
 
 def _snapshot_members(root: zarr.Group) -> list[tuple[int, str, str]]:
     """(step, kind, name) of every snapshot array, listed through Zarr (a store at a URL has no folders to glob)."""
-    if layout.SNAPSHOTS_GROUP not in root:
+    if not layout.contains(root, layout.SNAPSHOTS_GROUP):
         return []
     found = []
     for step_name, step_group in layout.subgroup(root, layout.SNAPSHOTS_GROUP).groups():
@@ -542,7 +542,7 @@ def _open_url(url: str) -> Run:
     if not exists:
         raise RunNotFoundError(f"{url}: no run store there (no {layout.STORE_DIR}/zarr.json)")
     root = _check_store(store, url)
-    if layout.SCALARS_GROUP not in root:
+    if not layout.contains(root, layout.SCALARS_GROUP):
         raise DamagedStoreError(f"{url}: the run store has no {layout.SCALARS_GROUP}/ group: it is still being "
                                 "created by its producer (try again in a moment) or it is damaged")
     run = Run(Path(store.removesuffix(f"/{layout.STORE_DIR}")), url=store)  # a path no local file lies at
