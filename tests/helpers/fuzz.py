@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import select
 import subprocess
@@ -197,3 +198,61 @@ def _replace(document: Any, steps: list[int], value: Any, delete: bool) -> str:
         return f"{'.'.join(trail)} removed"
     parent[key] = value
     return f"{'.'.join(trail)} = {json.dumps(value)[:80]}"
+
+
+NUMBERS = st.sampled_from(["1e309", "-1e309", "nan", "inf", "-0", "0", "9" * 400, "-1", "1e-400", "0x10", "1_0"])
+"""What a damaged log may hold where a number was."""
+
+
+@st.composite
+def file_mutations(draw: st.DrawFn) -> dict[str, Any]:
+    """One damage to a file another program wrote (a log, an event file), as data (``damage_file`` applies
+    it): a line replaced, removed or repeated, a number replaced by an extreme one, the file cut, bytes flipped,
+    or garbage."""
+    action = draw(st.sampled_from(["line", "drop", "repeat", "number", "number", "truncate", "flip", "garbage"]))
+    mutation: dict[str, Any] = {"action": action, "line": draw(st.integers(0, 10_000))}
+    if action == "line":
+        mutation["text"] = draw(st.text(max_size=80))
+    elif action == "number":
+        mutation.update(number=draw(NUMBERS), which=draw(st.integers(0, 20)))
+    elif action == "repeat":
+        mutation["times"] = draw(st.integers(2, 50))
+    elif action == "truncate":
+        mutation["keep"] = draw(st.floats(0, 1))
+    elif action == "flip":
+        mutation["at"] = draw(st.lists(st.floats(0, 1), min_size=1, max_size=8))
+    else:
+        mutation["data"] = draw(st.binary(max_size=256))
+    return mutation
+
+
+def damage_file(path: Path, mutation: dict[str, Any]) -> str:
+    """Apply ``mutation`` to the file at ``path``; what was done, in words."""
+    data, action = path.read_bytes(), mutation["action"]
+    lines = data.split(b"\n")
+    index = mutation["line"] % len(lines)
+    if action == "line":
+        lines[index] = mutation["text"].encode("utf-8", "surrogatepass")
+    elif action == "drop":
+        del lines[index]
+    elif action == "repeat":
+        lines[index:index + 1] = [lines[index]] * mutation["times"]
+    elif action == "number":
+        numbers = list(re.finditer(rb"-?\d+(\.\d+)?(e-?\d+)?", lines[index]))
+        if numbers:
+            found = numbers[mutation["which"] % len(numbers)]
+            lines[index] = lines[index][:found.start()] + mutation["number"].encode() + lines[index][found.end():]
+    if action in ("line", "drop", "repeat", "number"):
+        path.write_bytes(b"\n".join(lines))
+        return f"{path.name}: line {index + 1}: {action}"
+    if action == "truncate":
+        path.write_bytes(data[: int(mutation["keep"] * len(data))])
+        return f"{path.name}: cut to {int(mutation['keep'] * len(data))} of {len(data)} bytes"
+    if action == "flip":
+        buffer = bytearray(data) or bytearray(b"\0")
+        for at in mutation["at"]:
+            buffer[min(len(buffer) - 1, int(at * len(buffer)))] ^= 0xFF
+        path.write_bytes(bytes(buffer))
+        return f"{path.name}: bytes flipped"
+    path.write_bytes(mutation["data"])
+    return f"{path.name}: replaced by {len(mutation['data'])} bytes of garbage"

@@ -1,12 +1,15 @@
-"""Damaged run stores: every reading verb ends with a result or one line, under a memory limit.
+"""Damaged run stores and importer files: every verb ends with a result or one line, under a memory limit.
 
 hypothesis damages one file of a small real store (``tests/helpers/fuzz.py``: a value of a ``zarr.json``
 replaced or removed, huge and negative numbers among them; a file cut, bytes flipped, garbage, the file
 removed, or replaced by a link to another store's file), and ``ls``, ``compare``, ``anomalies`` and ``check``
-run on it in a process limited to 4 GiB of address space. Each must print a result (exit 0 or 1), or say in
-one line what is wrong (exit 2, or 3 for a run that has not recorded yet): never a traceback, a hang, or memory
-the files' claims asked for. The examples are derandomized: the same ones in every run
-(``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 60 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new ones).
+run on it in a process limited to 4 GiB of address space. It damages the example files of the importers'
+formats too (a line replaced, removed or repeated, a number made extreme, the file cut, flipped or garbage):
+``import-te`` and ``import-megatron`` read them, and ``anomalies`` reads what they wrote. Each verb must print
+a result (exit 0 or 1), or say in one line what is wrong (exit 2, or 3 for a run that has not recorded yet):
+never a traceback, a hang, or memory the files' claims asked for. The examples are derandomized, the same ones
+in every run (``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 60 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new
+ones).
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.helpers.fuzz import Outcome, VerbWorker, damage, mutations
+from tests.helpers.fuzz import Outcome, VerbWorker, damage, damage_file, file_mutations, mutations
 from workbench.cli import main
 from workbench.store.synthetic import write_synthetic_run
 
+ROOT = Path(__file__).resolve().parents[2]
+IMPORTS = {"import-te": ROOT / "data" / "examples" / "te_debug" / "nvdlfw_inspect_statistics_logs"
+                        / "nvdlfw_inspect_globalrank-0.log",
+           "import-megatron": ROOT / "data" / "examples" / "megatron_tb"
+                              / "events.out.tfevents.1796183332.workbench-example.0.0"}
+"""An importer and the example file of its format it is given (a TE debug log, a TensorBoard event file)."""
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "60"))
 RANDOM = os.environ.get("WORKBENCH_FUZZ_RANDOM") == "1"
 
@@ -88,6 +98,27 @@ def test_every_reading_verb_answers_a_damaged_store(mutation: dict[str, Any], st
     shutil.copytree(stores["pristine"], run)
     what = damage(run / "run.zarr", mutation, stores["elsewhere"] / "run.zarr")
     failed = [outcome for outcome in (worker.run(argv) for argv in _verbs(run, stores)) if not outcome.answered]
+    assert not failed, f"damage: {what}\n" + "\n".join(
+        f"{' '.join(o.argv[:1])}: exit {o.rc} {o.raised}\n  stderr: {o.err.strip()[-600:]}\n"
+        f"  {o.traceback.strip()[-1200:]}" for o in failed)
+
+
+@settings(max_examples=EXAMPLES, derandomize=not RANDOM, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(verb=st.sampled_from(sorted(IMPORTS)), mutation=file_mutations())
+def test_every_importer_answers_a_damaged_file_and_what_it_writes_is_read(
+        verb: str, mutation: dict[str, Any], stores: dict[str, Path], worker: VerbWorker) -> None:
+    case = stores["root"] / "import-case"
+    shutil.rmtree(case, ignore_errors=True)
+    source = case / "in" / IMPORTS[verb].name
+    source.parent.mkdir(parents=True)
+    shutil.copy(IMPORTS[verb], source)
+    what = damage_file(source, mutation)
+    argv = [verb, str(source if verb == "import-te" else source.parent), "--out", str(case / "out")]
+    outcomes = [worker.run(argv)]
+    if outcomes[0].rc == 0:  # what it wrote is a store the reading verbs answer on
+        outcomes.append(worker.run(["anomalies", str(case / "out")]))
+    failed = [o for o in outcomes if not o.answered]
     assert not failed, f"damage: {what}\n" + "\n".join(
         f"{' '.join(o.argv[:1])}: exit {o.rc} {o.raised}\n  stderr: {o.err.strip()[-600:]}\n"
         f"  {o.traceback.strip()[-1200:]}" for o in failed)
