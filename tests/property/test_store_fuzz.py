@@ -8,7 +8,7 @@ formats too (a line replaced, removed or repeated, a number made extreme, the fi
 ``import-te`` and ``import-megatron`` read them, and ``anomalies`` reads what they wrote. Each verb must print
 a result (exit 0 or 1), or say in one line what is wrong (exit 2, or 3 for a run that has not recorded yet):
 never a traceback, a hang, or memory the files' claims asked for. The examples are derandomized, the same ones
-in every run (``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 60 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new
+in every run (``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 40 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new
 ones).
 """
 
@@ -34,7 +34,7 @@ IMPORTS = {"import-te": ROOT / "data" / "examples" / "te_debug" / "nvdlfw_inspec
            "import-megatron": ROOT / "data" / "examples" / "megatron_tb"
                               / "events.out.tfevents.1796183332.workbench-example.0.0"}
 """An importer and the example file of its format it is given (a TE debug log, a TensorBoard event file)."""
-EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "40"))
 RANDOM = os.environ.get("WORKBENCH_FUZZ_RANDOM") == "1"
 
 
