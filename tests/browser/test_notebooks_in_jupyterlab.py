@@ -48,11 +48,13 @@ SLOW_PLOTLY = """(() => { const start = %s, create = URL.createObjectURL.bind(UR
   window.Blob = class extends Blob0 { constructor(parts, options) { super(parts, options);
     if (parts && typeof parts[0] === 'string' && parts[0].startsWith(start)) slow.add(this); } };
   URL.createObjectURL = function (blob) { const url = create(blob); if (!slow.has(blob)) return url;
-    return create(new Blob0([`await new Promise(r => setTimeout(r, %d)); export * from "${url}"; ` +
-                             `export { default } from "${url}";`], {type: 'text/javascript'})); }; })();"""
+    return create(new Blob0([`const t = performance.now(); while (performance.now() - t < %d) {} ` +
+                             `export * from "${url}"; export { default } from "${url}";`],
+                            {type: 'text/javascript'})); }; })();"""
 """Makes plotly's widget code (the module anywidget evaluates from a blob: ``window.Blob`` sees its text) take
-that many more milliseconds to load, as a busy machine does: anywidget gives a widget's module 2 s, and a widget
-whose module came later lost every message (the explorer's first figures were empty axes on a busy machine)."""
+that many more milliseconds to evaluate, the page's one thread held as a busy machine's slow compile holds it:
+anywidget gives a widget's module 2 s, and a widget whose module came later lost every message (the explorer's
+figures were empty axes on a busy machine)."""
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from _plotly_utils.basevalidators import is_typed_array_spec
 from _plotly_utils.utils import to_typed_array_spec
-from traitlets import observe
+from traitlets import Unicode, default, observe
 
 from workbench.errors import WorkbenchError
 from workbench.figures.style import TEMPLATE
@@ -49,35 +50,33 @@ def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool =
     return workspace
 
 
-class _SharedPlotlyCode:
-    """The front-end code of our figure widgets: a small module around plotly's own, which evaluates plotly's
-    5 MB widget code once per page and draws each view with it.
+@functools.cache
+def _plotly_module() -> tuple[str, str]:
+    """plotly's widget module (as anywidget read it from its file), and a key naming its version."""
+    code = str(go.FigureWidget._esm)
+    return code, "workbench-plotly-widget-" + hashlib.sha256(code.encode()).hexdigest()[:16]
+
+
+class _Loader:
+    """The front-end module of our figure widgets: a few lines that evaluate plotly's widget code once per page,
+    when the first view is drawn, and draw every view with it.
 
     anywidget gives a widget's module 2 s to load and bind; a model whose module takes longer drops every message
-    the kernel sends it, then and later (anywidget 0.11, ``Runtime.ready``). plotly's module is evaluated once per
-    widget, ~1.5 s each in headless Chromium on a 2-core machine, so on a busy machine an explorer came up with
-    empty axes and stayed so. This module loads at once (its one large part is a string); plotly's code is
-    evaluated when the first view is drawn, and shared by every widget after it. The model's state needs no
-    plotly code meanwhile: ``show`` sends each figure whole as the state a new view draws from."""
-
-    def __init__(self) -> None:
-        self._text: str | None = None
+    the kernel sends it, then and later (anywidget 0.11, ``Runtime.ready``). plotly's 5 MB module was evaluated
+    once per widget, ~1.5 s each in headless Chromium on a 2-core machine, so on a busy machine an explorer came
+    up with empty axes and stayed so. This module binds at once (plotly's code travels as the ``_plotly_code``
+    trait, a string); a view waits for plotly's code, which nothing times out. The model needs none of plotly's
+    code meanwhile: ``show`` sends each figure whole as the state a new view draws from."""
 
     def __str__(self) -> str:
-        if self._text is None:
-            plotly_code = str(go.FigureWidget._esm)  # plotly's widget module, as anywidget read it from its file
-            key = "workbench-plotly-widget-" + hashlib.sha256(plotly_code.encode()).hexdigest()[:16]
-            self._text = _LOADER.replace("KEY", json.dumps(key)).replace("SOURCE", json.dumps(plotly_code))
-        return self._text
+        return _LOADER.replace("KEY", json.dumps(_plotly_module()[1]))
 
 
-_LOADER = """const source = SOURCE;
-const plotly = () => (globalThis[KEY] ??=
-  import(URL.createObjectURL(new Blob([source], {type: "text/javascript"}))));
+_LOADER = """const plotly = (model) => (globalThis[KEY] ??= import(URL.createObjectURL(
+  new Blob([model.get("_plotly_code")], {type: "text/javascript"}))));
 export default () => ({
-  initialize() { plotly(); },
   async render({ model, el }) {
-    const module = await plotly();
+    const module = await plotly(model);
     const widget = typeof module.default === "function" ? await module.default() : module.default;
     await widget.initialize?.({ model });
     return widget.render({ model, el });
@@ -87,7 +86,7 @@ export default () => ({
 
 
 class FigureWidget(go.FigureWidget):
-    """plotly's figure widget, with its front-end code loaded once per page (``_SharedPlotlyCode``) and the
+    """plotly's figure widget, with its front-end code loaded once per page (``_Loader``) and the
     frontend's report of its trace defaults kept from swallowing a click.
 
     After each redraw the page reports the defaults it filled in (``_js2py_traceDeltas``). For a heatmap whose
@@ -97,7 +96,12 @@ class FigureWidget(go.FigureWidget):
     changes at the first handler that raises: the click was never heard (1 in 2 clicks, the machine busy).
     The report only tells the kernel defaults it does not use, so a failure to read it is dropped."""
 
-    _esm = _SharedPlotlyCode()
+    _esm = _Loader()
+    _plotly_code = Unicode().tag(sync=True)
+
+    @default("_plotly_code")
+    def _plotly_code_default(self) -> str:  # read as the widget opens: in the state its page first gets
+        return _plotly_module()[0]
 
     @observe("_js2py_traceDeltas")
     def _handler_js2py_traceDeltas(self, change: dict[str, Any]) -> None:
@@ -145,7 +149,7 @@ def show(target: go.FigureWidget, figure: go.Figure) -> None:
         target.layout = figure.layout
         target.add_traces(figure.data)
     # the whole figure also as the state a page draws a new view from: messages that arrive while no view is
-    # drawn reach no plotly code (_SharedPlotlyCode)
+    # drawn reach no plotly code (_Loader)
     target._widget_layout = deepcopy(target._layout_obj._props)
     target._widget_data = deepcopy(target._data)
 
