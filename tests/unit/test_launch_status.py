@@ -31,3 +31,26 @@ def test_a_status_that_can_be_written_is_written_silently(tmp_path: Path) -> Non
     run_dir = write_synthetic_run(tmp_path / "run", steps=4, sites=3, seed=1)
     assert launch._record_status(layout.RunPaths(run_dir), layout.Status.FAILED, error={"rank": 0}) == ""
     assert open_run(run_dir).status == "failed"
+
+
+def test_stopping_a_rank_that_ended_since_its_poll_is_no_error(tmp_path: Path) -> None:
+    # a busy machine's run: the rank that lost its peer exited between the launcher's poll and its signal, and the
+    # launch ended in ProcessLookupError instead of the failing rank's error
+    import subprocess
+    import sys
+
+    from workbench.runner.launch import _Rank, _stop
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    ended.wait()
+
+    class PolledBeforeItEnded:
+        pid = ended.pid
+
+        def poll(self) -> None:
+            return None
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    _stop([_Rank(1, PolledBeforeItEnded(), tmp_path / "rank1.log")])  # type: ignore[arg-type]

@@ -112,14 +112,23 @@ def _spawn(cfg: RunConfig, paths: layout.RunPaths, args: list[str]) -> list[_Ran
 def _stop(ranks: list[_Rank]) -> None:
     for r in ranks:
         if r.process.poll() is None:
-            os.killpg(r.process.pid, signal.SIGTERM)
+            _signal_group(r, signal.SIGTERM)
     deadline = time.monotonic() + _GRACE_S
     for r in ranks:
         try:
             r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(r.process.pid, signal.SIGKILL)
+            _signal_group(r, signal.SIGKILL)
             r.process.wait()
+
+
+def _signal_group(rank: _Rank, sig: signal.Signals) -> None:
+    """Signal a rank's process group; one that ended since it was last polled is left be (a busy machine's run
+    met that race: a rank that lost its peer exited between the poll and the signal)."""
+    try:
+        os.killpg(rank.process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def error_excerpt(log: Path, lines: int = 25) -> str:
