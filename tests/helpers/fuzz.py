@@ -156,19 +156,8 @@ def damage(store: Path, mutation: dict[str, Any], elsewhere: Path) -> str:
             path.write_text(json.dumps(document))
             return f"{relative}: {where}"
         action = "flip"
-    data = path.read_bytes()
-    if action in ("json", "flip"):
-        buffer = bytearray(data) or bytearray(b"\0")
-        for at in mutation.get("at", [0.5]):
-            buffer[min(len(buffer) - 1, int(at * len(buffer)))] ^= 0xFF
-        path.write_bytes(bytes(buffer))
-        return f"{relative}: bytes flipped"
-    if action == "truncate":
-        path.write_bytes(data[: int(mutation["keep"] * len(data))])
-        return f"{relative}: cut to {int(mutation['keep'] * len(data))} of {len(data)} bytes"
-    if action == "garbage":
-        path.write_bytes(mutation["data"])
-        return f"{relative}: replaced by {len(mutation['data'])} bytes of garbage"
+    if action in ("flip", "truncate", "garbage"):  # a JSON damage of a file that is no JSON: flipped bytes
+        return f"{relative}: {_damage_bytes(path, {'at': [0.5], **mutation, 'action': action})}"
     if action == "remove":
         path.unlink()
         return f"{relative}: removed"
@@ -245,14 +234,20 @@ def damage_file(path: Path, mutation: dict[str, Any]) -> str:
     if action in ("line", "drop", "repeat", "number"):
         path.write_bytes(b"\n".join(lines))
         return f"{path.name}: line {index + 1}: {action}"
-    if action == "truncate":
+    return f"{path.name}: {_damage_bytes(path, mutation)}"
+
+
+def _damage_bytes(path: Path, mutation: dict[str, Any]) -> str:
+    """The file cut, its bytes flipped, or replaced by garbage (``mutation["action"]``); what was done."""
+    data = path.read_bytes()
+    if mutation["action"] == "truncate":
         path.write_bytes(data[: int(mutation["keep"] * len(data))])
-        return f"{path.name}: cut to {int(mutation['keep'] * len(data))} of {len(data)} bytes"
-    if action == "flip":
+        return f"cut to {int(mutation['keep'] * len(data))} of {len(data)} bytes"
+    if mutation["action"] == "flip":
         buffer = bytearray(data) or bytearray(b"\0")
         for at in mutation["at"]:
             buffer[min(len(buffer) - 1, int(at * len(buffer)))] ^= 0xFF
         path.write_bytes(bytes(buffer))
-        return f"{path.name}: bytes flipped"
+        return "bytes flipped"
     path.write_bytes(mutation["data"])
-    return f"{path.name}: replaced by {len(mutation['data'])} bytes of garbage"
+    return f"replaced by {len(mutation['data'])} bytes of garbage"
