@@ -17,9 +17,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -61,10 +61,12 @@ BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium, or BROWSER_PATH)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _port(info: Path) -> int | None:
+    """The port in a Jupyter server's info file, or None while the file is missing or half written."""
+    try:
+        return int(json.loads(info.read_text())["port"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _get(url: str) -> object:
@@ -92,16 +94,22 @@ def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "overrides.json").write_text(json.dumps({
         "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"}}))
-    port, token = _free_port(), "workbench-test"
+    token = "workbench-test"
+    # A suite running beside this one must not take this server's port or its kernel's between their choice and
+    # their bind: the server picks its own port (0) and says which in its info file, and the kernel talks over Unix
+    # sockets in a runtime folder short enough for a socket's path.
+    runtime = Path(tempfile.mkdtemp(prefix="jr-"))
     env = {**os.environ, "WORKBENCH_RUNS": str(mini_demo), "JUPYTERLAB_SETTINGS_DIR": str(settings / "user"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(runtime)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0", "--allow-root",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
-         f"--LabServerApp.app_settings_dir={settings}"],
+         f"--LabServerApp.app_settings_dir={settings}", "--KernelManager.transport=ipc"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
-    base = f"http://127.0.0.1:{port}"
+    info = runtime / f"jpserver-{server.pid}.json"
     try:
+        _wait(lambda: _port(info) is not None, BUSY_MS / 1000, f"JupyterLab's info file {info.name}")
+        base = f"http://127.0.0.1:{_port(info)}"
         _wait(lambda: _get(f"{base}/api/status?token={token}") is not None, BUSY_MS / 1000, "JupyterLab to start")
         yield base, token
     finally:
@@ -110,6 +118,7 @@ def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 @contextlib.contextmanager

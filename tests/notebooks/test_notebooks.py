@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
@@ -36,6 +37,14 @@ def test_there_are_seven_notebooks_without_committed_outputs() -> None:
         assert all("id" in c for c in raw["cells"]), f"{path.name}: a cell without an id (nbformat 4.5)"
 
 
+def _client(nb: nbformat.NotebookNode, cwd: Path, **options: object) -> NotebookClient:
+    """A client whose kernel talks over Unix sockets in ``cwd`` (a test's own folder): with TCP, two suites side by
+    side can pick the same free port between its choice and the kernel's bind (``ZMQError: Address already in
+    use``). The sockets' path is absolute, as the kernel runs in ``cwd`` and its client does not."""
+    kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(cwd / "kernel"))
+    return NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(cwd)}}, **options)
+
+
 def _say_slow_cells(nb: nbformat.NotebookNode, name: str, limit_s: float = 30.0) -> None:
     """Warn of each cell that took longer than ``limit_s`` (nbclient's timing), so that a slow run says where (in
     pytest's warnings summary, which pytest-xdist's workers report)."""
@@ -59,8 +68,7 @@ def test_notebook_executes(path: Path, mini_demo: Path, tmp_path: Path, monkeypa
                     "(its replays and bisect take a minute and a half)")
     monkeypatch.setenv("WORKBENCH_RUNS", str(mini_demo))
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
-                            store_widget_state=True)
+    client = _client(nb, tmp_path, store_widget_state=True)
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(mini_demo)})
     _say_slow_cells(nb, path.name)
     text = _text(nb)
@@ -85,7 +93,7 @@ def test_notebook_executes_on_a_folder_of_user_runs(path: Path, user_runs: Path,
     """Roles come from manifests: every notebook runs on runs a user's own loop recorded (no demo names,
     no runner config); a question the folder cannot answer is one printed line, not an error."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = _client(nb, tmp_path)
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(user_runs)})  # raises on any cell's error
     _say_slow_cells(nb, path.name)
     text = _text(nb)
@@ -121,7 +129,7 @@ def sources_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_cost_notebook_says_which_source_matters(sources_study: Path, tmp_path: Path) -> None:
     path = next(p for p in NOTEBOOKS if p.stem == "06-cost-of-determinism")
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = _client(nb, tmp_path)
     client.execute(env={**os.environ, "WORKBENCH_RUNS": str(sources_study)})
     _say_slow_cells(nb, path.name)
     text = _text(nb)
