@@ -127,3 +127,75 @@ def test_parameter_snapshots_under_the_distributed_optimizer_are_refused_by_the_
                              "record.snapshot_sites": ["act:layers.0.mlp", "grad:*embeddings*"]})
     BASE.with_overrides({"layout.dp": 2, "optim.use_distributed_optimizer": True, "record.snapshot_steps": [1],
                          "record.snapshot_sites": ["act:layers.0.mlp"]})  # activations: taken whole
+
+
+def _busy_for_another_writer(folder: Path) -> str | None:
+    """The refusal another thread (a writer like any other) meets at ``folder``, or None if it gets in."""
+    import threading
+
+    from workbench.store.writer_lock import RunFolderBusy, acquire
+
+    refusal: list[str | None] = [None]
+
+    def probe() -> None:
+        try:
+            acquire(folder, writer="probe").release()
+        except RunFolderBusy as err:
+            refusal[0] = str(err)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return refusal[0]
+
+
+def test_a_sweep_holds_its_study_folder_and_each_run_from_its_check_through_its_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.runner import launch
+    from workbench.studies.study import run_study
+
+    seen: list[tuple[str, bool, str | None, str | None]] = []
+
+    def fake_launch(config: RunConfig, run_dir: Path, *, resume: bool = False, **options: object) -> None:
+        seen.append((run_dir.name, resume, _busy_for_another_writer(run_dir), _busy_for_another_writer(run_dir.parent)))
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.setattr(launch, "_has_gpu", lambda: True)
+    study = expand_study({"name": "locks", "runs": [{"name": "a"}, {"name": "res", "resume_at": 20}]}, BASE)
+    run_study(study, tmp_path / "out", lambda *args: None)
+    assert [(name, resume) for name, resume, _, _ in seen] == [("a", False), ("res", False), ("res", True)]
+    for _, _, run_busy, study_busy in seen:
+        assert run_busy is not None and "workbench sweep (locks)" in run_busy, run_busy
+        assert study_busy is not None and "workbench sweep (locks)" in study_busy, study_busy
+    assert _busy_for_another_writer(tmp_path / "out") is None  # given back at the end
+
+
+def test_a_second_sweep_of_a_study_folder_is_refused_before_it_launches_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from workbench.runner import launch
+    from workbench.store.writer_lock import RunFolderBusy, writing
+    from workbench.studies.study import run_study
+
+    launched: list[Path] = []
+    monkeypatch.setattr(launch, "launch", lambda config, run_dir, **options: launched.append(run_dir))
+    monkeypatch.setattr(launch, "_has_gpu", lambda: True)
+    study = expand_study({"name": "twice", "runs": [{"name": "a"}, {"name": "b"}]}, BASE)
+    holding, done = threading.Event(), threading.Event()
+
+    def first_sweep() -> None:
+        with writing(tmp_path / "out", writer="workbench sweep (twice)"):
+            holding.set()
+            done.wait(60)
+
+    first = threading.Thread(target=first_sweep)
+    first.start()
+    holding.wait(60)
+    try:
+        with pytest.raises(RunFolderBusy, match=r"out is being written by workbench sweep \(twice\)"):
+            run_study(study, tmp_path / "out", lambda *args: None)
+    finally:
+        done.set()
+        first.join()
+    assert launched == [] and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["writer.lock"]

@@ -8,6 +8,7 @@ import fcntl
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +119,61 @@ def test_a_writer_of_this_process_holds_its_folder_again_and_only_the_outer_hold
     assert not _free_for_another_process(tmp_path / "run")  # the outer hold still keeps others out
     outer.release()
     assert _free_for_another_process(tmp_path / "run")
+
+
+def test_two_threads_of_one_process_are_two_writers(tmp_path: Path) -> None:
+    """The operating system's lock is the process's: a notebook's second thread writing the same folder is
+    refused like another process, naming the holding thread, and is let in once the first lets go."""
+    holder = acquire(tmp_path / "run", writer="record() (user loop)")
+    refusals: list[str] = []
+
+    def second_writer() -> None:
+        try:
+            acquire(tmp_path / "run", writer="workbench import-te").release()
+        except RunFolderBusy as err:
+            refusals.append(str(err))
+
+    threads = [threading.Thread(target=second_writer, name=f"writer-{i}") for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(refusals) == 8 and all("record() (user loop) (this process, thread 'MainThread')" in r
+                                      for r in refusals), refusals
+    holder.release()
+    other = threading.Thread(target=second_writer)
+    other.start()
+    other.join()
+    assert len(refusals) == 8  # free now: taken and given back without a refusal
+    assert _free_for_another_process(tmp_path / "run")
+
+
+def test_threads_racing_for_one_folder_let_exactly_one_in_at_a_time(tmp_path: Path) -> None:
+    inside, most, refused = [0], [0], [0]
+    counting = threading.Lock()
+
+    def writer() -> None:
+        for _ in range(200):
+            try:
+                lock = acquire(tmp_path / "run", writer="probe")
+            except RunFolderBusy:
+                with counting:
+                    refused[0] += 1
+                continue
+            with counting:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.0002)
+            with counting:
+                inside[0] -= 1
+            lock.release()
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1 and refused[0] > 0 and inside[0] == 0
 
 
 def _try(run_dir: str, result: str) -> None:

@@ -1,10 +1,13 @@
 """One writer per run folder: whoever writes a run (``workbench run``, ``--resume``, ``sweep`` and ``demo``,
 ``replay`` and ``bisect``, ``upgrade``, every ``import-*`` verb, ``record(...)`` in a user's job, Megatron-LM's
 ``pretrain()`` under the launcher) holds the folder's lock for as long as it writes; a second writer is refused
-in one line, naming the holder, before it writes anything.
+in one line, naming the holder, before it writes anything. A sweep (and the demo) also holds its study folder, so
+a second sweep of that folder is refused before it launches anything.
 
 The lock is the operating system's (``flock`` on ``RUN/writer.lock``), so it is released when its process dies,
 however it dies: a killed writer never blocks the next. The file stays, holding the last holder's description.
+As that lock is the process's, the threads of one process are kept apart here: another thread of the holder is
+refused as another process is.
 
 On a filesystem without working ``flock`` the lock is refused with the reason rather than silently not held. NFS
 v4 and NFS v3 with ``lockd`` give ``flock`` across clients (Linux emulates it with ``fcntl`` locks there). Lustre
@@ -21,6 +24,7 @@ import inspect
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,9 +52,22 @@ def _inside_a_store(run_dir: Path) -> Path | None:
     return None
 
 
-_HELD: dict[Path, int] = {}
-"""The run folders this process holds, with how many of its writers hold each (a replay holds its folder and
-launches the run, which takes it again): a writer of this process never refuses another of the same process."""
+class _Hold:
+    """One run folder held by this process: by which thread, for which writer, how many times over (a replay
+    holds its folder and launches the run, which takes it again in the same thread)."""
+
+    def __init__(self, writer: str) -> None:
+        self.thread = threading.get_ident()
+        self.thread_name = threading.current_thread().name
+        self.writer = writer
+        self.count = 1
+
+
+_HELD: dict[Path, _Hold] = {}
+"""The run folders this process holds. The operating system's lock is the process's, so threads are kept apart
+here: the holding thread may take its folder again, another thread of the process is refused as another process
+would be."""
+_HELD_LOCK = threading.Lock()
 
 
 class WriterLock:
@@ -67,29 +84,49 @@ class WriterLock:
         lock (a writer that made the folder and failed before writing gives it back)."""
         if not self._held:
             return
-        if remove_folder and self._handle is not None and _HELD[self.run_dir] == 1 and \
-                [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
-            (self.run_dir / LOCK_FILE).unlink()  # while held: a writer waiting on it takes the next file
-            self.run_dir.rmdir()
-        self._held = False
-        _HELD[self.run_dir] -= 1
-        if _HELD[self.run_dir] == 0:
-            del _HELD[self.run_dir]
-        if self._handle is not None:
-            fcntl.flock(self._handle, fcntl.LOCK_UN)
-            os.close(self._handle)
-            self._handle = None
+        with _HELD_LOCK:
+            hold = _HELD[self.run_dir]
+            if remove_folder and self._handle is not None and hold.count == 1 and \
+                    [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                (self.run_dir / LOCK_FILE).unlink()  # while held: a writer waiting on it takes the next file
+                self.run_dir.rmdir()
+            self._held = False
+            hold.count -= 1
+            if hold.count == 0:
+                del _HELD[self.run_dir]
+            if self._handle is not None:
+                fcntl.flock(self._handle, fcntl.LOCK_UN)
+                os.close(self._handle)
+                self._handle = None
 
 
 def acquire(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None) -> WriterLock:
     """Take the writer's lock of run folder ``run_dir`` (made if absent) for ``writer`` (``workbench run``,
     ``record()``...), held by this process, which is global rank ``rank`` of a multi-rank job if given.
     ``RunFolderBusy`` names the holder when another process has it; ``ArgumentError`` if ``run_dir`` lies inside
-    a run store, or its filesystem cannot lock."""
+    a run store, or its filesystem cannot lock. Another thread of this process that holds the folder is refused
+    like another process."""
     folder = Path(run_dir).absolute()
-    if folder in _HELD:  # this process writes it already: the same writer, one step further in
-        _HELD[folder] += 1
-        return WriterLock(folder, None)
+    with _HELD_LOCK:
+        hold = _HELD.get(folder)
+        if hold is not None and hold.thread == threading.get_ident():  # the same writer, one step further in
+            hold.count += 1
+            return WriterLock(folder, None)
+        if hold is not None:
+            raise RunFolderBusy(f"{folder} is being written by {hold.writer} (this process, thread "
+                                f"{hold.thread_name!r}): one writer per run folder; wait for it to end, or write "
+                                "another folder")
+        _HELD[folder] = _Hold(writer)  # claimed for this thread while it takes the operating system's lock
+    try:
+        return WriterLock(folder, _take(folder, writer, rank))
+    except BaseException:
+        with _HELD_LOCK:
+            del _HELD[folder]
+        raise
+
+
+def _take(folder: Path, writer: str, rank: int | None) -> int:
+    """The operating system's lock of ``folder`` for this process (see ``acquire``): the open lock file."""
     store = _inside_a_store(folder)
     if store is not None:
         raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
@@ -117,8 +154,7 @@ def acquire(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = 
     os.ftruncate(handle, 0)
     os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
                                  "rank": rank, "since": time.time()}).encode())
-    _HELD[folder] = 1
-    return WriterLock(folder, handle)
+    return handle
 
 
 def _still_the_lock_file(folder: Path, handle: int) -> bool:

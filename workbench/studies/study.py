@@ -26,6 +26,7 @@ whose store is already complete with the same config.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +38,7 @@ from workbench.config import RunConfig, flatten, load_run_config, read_toml
 from workbench.errors import ConfigError, NotARunError, RunNotFoundError, UnsupportedError
 from workbench.store import layout
 from workbench.store.layout import Status
+from workbench.store.writer_lock import writing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +180,7 @@ Reporter = Callable[[int, int, PlannedRun, str], None]
 def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -> list[Path]:
     """Launch every planned run of ``study`` into ``out_dir/<run name>``; return the run folders."""
     from workbench.determinism import emulation_conflicts
-    from workbench.runner.launch import _has_gpu, launch
+    from workbench.runner.launch import _has_gpu
 
     if not _has_gpu():  # every emulation this study needs must run, or none of its runs starts
         refused = [f"{planned.name}: {line}" for planned in study.runs for line in emulation_conflicts(planned.config)]
@@ -188,25 +190,32 @@ def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -
     out = Path(out_dir)
     folders = []
     total = len(study.runs)
-    for index, planned in enumerate(study.runs, start=1):
-        run_dir = out / planned.name
-        folders.append(run_dir)
-        if is_complete(run_dir, planned.config):
-            report(index, total, planned, "already complete, skipped")
-            continue
-
-        def progress(line: str, index: int = index, planned: PlannedRun = planned) -> None:
-            report(index, total, planned, line)
-
-        if planned.start_from is not None:
-            name, step = planned.start_from
-            launch(planned.config, run_dir, overwrite=True, progress=progress,
-                   start_from=layout.RunPaths(out / name).checkpoint(step))
-        elif planned.resume_at is None:
-            launch(planned.config, run_dir, overwrite=True, progress=progress)
-        else:
-            launch(planned.config, run_dir, overwrite=True, stop_after=planned.resume_at, progress=progress)
-            report(index, total, planned, f"stopped after step {planned.resume_at}; resuming from checkpoint")
-            launch(planned.config, run_dir, resume=True, progress=progress)
-        report(index, total, planned, "complete")
+    # One sweep per study folder, refused before it launches anything; each run's own lock is held from its
+    # completeness check through a stop and its resume, so no writer comes in between.
+    with writing(out, writer=f"workbench sweep ({study.name})"):
+        for index, planned in enumerate(study.runs, start=1):
+            run_dir = out / planned.name
+            folders.append(run_dir)
+            with writing(run_dir, writer=f"workbench sweep ({study.name})"):
+                _run_planned(planned, run_dir, out, functools.partial(report, index, total, planned))
     return folders
+
+
+def _run_planned(planned: PlannedRun, run_dir: Path, out: Path, report: Callable[[str], None]) -> None:
+    """One planned run of a study into ``run_dir``: skipped if complete, else launched (and resumed)."""
+    from workbench.runner.launch import launch
+
+    if is_complete(run_dir, planned.config):
+        report("already complete, skipped")
+        return
+    if planned.start_from is not None:
+        name, step = planned.start_from
+        launch(planned.config, run_dir, overwrite=True, progress=report,
+               start_from=layout.RunPaths(out / name).checkpoint(step))
+    elif planned.resume_at is None:
+        launch(planned.config, run_dir, overwrite=True, progress=report)
+    else:
+        launch(planned.config, run_dir, overwrite=True, stop_after=planned.resume_at, progress=report)
+        report(f"stopped after step {planned.resume_at}; resuming from checkpoint")
+        launch(planned.config, run_dir, resume=True, progress=report)
+    report("complete")
