@@ -67,9 +67,10 @@ class Outcome:
         """A result (exit 0 or 1, something printed), or bad input said in one line (exit 2, or 3: not yet)."""
         if self.rc in (0, 1):
             return bool(self.out.strip()) and "Traceback" not in self.out + self.err
-        if self.rc in (2, 3):
+        if self.rc in (2, 3):  # progress lines may come first (a long import says how far it got)
             lines = self.err.strip().splitlines()
-            return len(lines) == 1 and lines[0].startswith("workbench: ")
+            return bool(lines) and lines[-1].startswith("workbench: ") and "Traceback" not in self.err \
+                and not any(line.startswith(("workbench: ", " ", "\t")) for line in lines[:-1])
         return False
 
 

@@ -5,7 +5,8 @@ replaced or removed, huge and negative numbers among them; a file cut, bytes fli
 removed, or replaced by a link to another store's file), and ``ls``, ``compare``, ``anomalies`` and ``check``
 run on it in a process limited to 4 GiB of address space. It damages the example files of the importers'
 formats too (a line replaced, removed or repeated, a number made extreme, the file cut, flipped or garbage):
-``import-te`` and ``import-megatron`` read them, and ``anomalies`` reads what they wrote. Each verb must print
+``import-te``, ``import-megatron`` and ``import-megatron-dumps`` (one file of a TP=2 dump folder) read them, and
+``anomalies`` reads what they wrote. Each verb must print
 a result (exit 0 or 1), or say in one line what is wrong (exit 2, or 3 for a run that has not recorded yet):
 never a traceback, a hang, or memory the files' claims asked for. The examples are derandomized, the same ones
 in every run (``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 40 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new
@@ -24,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.dumps import full_tensors, write_dumps
 from tests.helpers.fuzz import Outcome, VerbWorker, damage, damage_file, file_mutations, mutations
 from workbench.cli import main
 from workbench.store.synthetic import write_synthetic_run
@@ -31,9 +33,10 @@ from workbench.store.synthetic import write_synthetic_run
 ROOT = Path(__file__).resolve().parents[2]
 IMPORTS = {"import-te": ROOT / "data" / "examples" / "te_debug" / "nvdlfw_inspect_statistics_logs"
                         / "nvdlfw_inspect_globalrank-0.log",
-           "import-megatron": ROOT / "data" / "examples" / "megatron_tb"
-                              / "events.out.tfevents.1796183332.workbench-example.0.0"}
-"""An importer and the example file of its format it is given (a TE debug log, a TensorBoard event file)."""
+           "import-megatron": ROOT / "data" / "examples" / "megatron_tb",
+           "import-megatron-dumps": None}
+"""An importer and the example of its format it is given: a TE debug log, a folder holding a TensorBoard event
+file, a folder of Megatron-LM's tensor dumps (None: written by the ``stores`` fixture)."""
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "40"))
 RANDOM = os.environ.get("WORKBENCH_FUZZ_RANDOM") == "1"
 
@@ -47,7 +50,8 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shutil.copytree(pristine, elsewhere)
     golden = root / "golden.json"
     assert main(["golden", str(pristine), "--out", str(golden)]) == 0
-    return {"root": root, "pristine": pristine, "elsewhere": elsewhere, "golden": golden}
+    dumps = write_dumps(root / "dumps", 2, full_tensors())
+    return {"root": root, "pristine": pristine, "elsewhere": elsewhere, "golden": golden, "dumps": dumps}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,9 @@ def test_the_verbs_answer_on_the_pristine_store_and_the_worker_reports_what_it_c
         assert outcome.answered and outcome.rc == 0, outcome
     # the judge itself: a traceback, and a verb's death under the memory limit, are not answers
     assert not Outcome(["x"], 2, err="workbench: error: a\nTraceback").answered
+    assert Outcome(["x"], 2, err="iter_0000001 (1/2): 4 files\nworkbench: error: a").answered  # progress, then it
+    assert not Outcome(["x"], 2, err="workbench: error: a\nworkbench: error: b").answered
+    assert not Outcome(["x"], 2, err="workbench: error: a\n  more of it").answered
     small = VerbWorker(memory_bytes=64 << 20)  # too little to import the workbench: the process dies
     try:
         died = small.run(["ls", str(stores["root"])])
@@ -105,16 +112,22 @@ def test_every_reading_verb_answers_a_damaged_store(mutation: dict[str, Any], st
 
 @settings(max_examples=EXAMPLES, derandomize=not RANDOM, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(verb=st.sampled_from(sorted(IMPORTS)), mutation=file_mutations())
+@given(verb=st.sampled_from(sorted(IMPORTS)), which=st.integers(0, 10_000), mutation=file_mutations())
 def test_every_importer_answers_a_damaged_file_and_what_it_writes_is_read(
-        verb: str, mutation: dict[str, Any], stores: dict[str, Path], worker: VerbWorker) -> None:
+        verb: str, which: int, mutation: dict[str, Any], stores: dict[str, Path], worker: VerbWorker) -> None:
     case = stores["root"] / "import-case"
     shutil.rmtree(case, ignore_errors=True)
-    source = case / "in" / IMPORTS[verb].name
-    source.parent.mkdir(parents=True)
-    shutil.copy(IMPORTS[verb], source)
-    what = damage_file(source, mutation)
-    argv = [verb, str(source if verb == "import-te" else source.parent), "--out", str(case / "out")]
+    example = IMPORTS[verb] or stores["dumps"]
+    source = case / "in" / example.name
+    if example.is_dir():
+        shutil.copytree(example, source)
+    else:
+        source.parent.mkdir(parents=True)
+        shutil.copy(example, source)
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    damaged = files[which % len(files)]
+    what = f"{damaged.parent.relative_to(case)}/{damage_file(damaged, mutation)}"
+    argv = [verb, str(source), "--out", str(case / "out")]
     outcomes = [worker.run(argv)]
     if outcomes[0].rc == 0:  # what it wrote is a store the reading verbs answer on
         outcomes.append(worker.run(["anomalies", str(case / "out")]))

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.dumps import BATCH, FFN, HIDDEN, SEQ, full_tensors, write_dumps
 from workbench.cli import main
 from workbench.megatron_lm.dumps import import_megatron_dumps
 from workbench.statistics import fingerprint_reference
 from workbench.store.reader import open_run
-
-SEQ, BATCH, HIDDEN, FFN = 4, 2, 8, 16
 
 
 class _Settings:
@@ -31,39 +30,6 @@ class _Hostile:
         return (os.system, ("touch /tmp/workbench-dump-was-run",))
 
 
-def _full_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    return {"fc1.weight": torch.randn(FFN, HIDDEN, generator=generator),
-            "fc2.weight": torch.randn(HIDDEN, FFN, generator=generator),
-            "norm.weight": torch.randn(HIDDEN, generator=generator),
-            "fc1.in": torch.randn(SEQ, BATCH, HIDDEN, generator=generator),
-            "fc1.out": torch.randn(SEQ, BATCH, FFN, generator=generator),
-            "fc2.out": torch.randn(SEQ, BATCH, HIDDEN, generator=generator)}
-
-
-def _write(save: Path, tp: int, full: dict[str, torch.Tensor], iterations: tuple[int, ...] = (1, 2),
-           extra: dict[str, object] | None = None) -> Path:
-    """Megatron-LM's dumps of a one-layer MLP at ``tp``: fc1 column-parallel, fc2 row-parallel."""
-    mlp = "decoder.layers.0.mlp"
-    for iteration in iterations:
-        for rank in range(tp):
-            def shard(x: torch.Tensor, dim: int, rank: int = rank) -> torch.Tensor:
-                return x.chunk(tp, dim=dim)[rank].clone()
-
-            params = {f"{mlp}.linear_fc1.weight": shard(full["fc1.weight"], 0),
-                      f"{mlp}.linear_fc2.weight": shard(full["fc2.weight"], 1),
-                      "decoder.layers.0.pre_mlp_layernorm.weight": full["norm.weight"].clone()}
-            activations = {f"{mlp}.linear_fc1/input0": full["fc1.in"].clone(),
-                           f"{mlp}.linear_fc1/output0": shard(full["fc1.out"], 2),
-                           f"{mlp}.linear_fc2/input0": shard(full["fc1.out"], 2),
-                           f"{mlp}.linear_fc2/output0": full["fc2.out"].clone(), **(extra or {})}
-            for kind, content in (("params", params), ("activations", activations)):
-                folder = save / kind / f"iter_{iteration:07d}"
-                folder.mkdir(parents=True, exist_ok=True)
-                torch.save({"model_chunk0": content}, folder / f"mp_rank_{rank:02d}.pth")
-    return save
-
-
 def _activation_fingerprint(x: torch.Tensor) -> int:
     """The recorder's fingerprint of an activation [seq, batch, features]: keyed by its index in [batch, seq,
     features]."""
@@ -76,9 +42,9 @@ def _quiet(line: str) -> None:
 
 
 def test_tp_shards_join_to_the_full_tensors_fingerprints(tmp_path: Path) -> None:
-    full = _full_tensors()
-    one = open_run(import_megatron_dumps(_write(tmp_path / "tp1", 1, full), tmp_path / "one", progress=_quiet))
-    two = open_run(import_megatron_dumps(_write(tmp_path / "tp2", 2, full), tmp_path / "two", progress=_quiet))
+    full = full_tensors()
+    one = open_run(import_megatron_dumps(write_dumps(tmp_path / "tp1", 1, full), tmp_path / "one", progress=_quiet))
+    two = open_run(import_megatron_dumps(write_dumps(tmp_path / "tp2", 2, full), tmp_path / "two", progress=_quiet))
     a, b = one.records(), two.records()
     assert list(a.sites) == list(b.sites) and (a.fingerprints == b.fingerprints).all().all()
     assert two.manifest.layout.tp == 2
@@ -96,7 +62,7 @@ def test_tp_shards_join_to_the_full_tensors_fingerprints(tmp_path: Path) -> None
 
 
 def test_params_land_at_the_step_they_start_and_activations_at_the_step_they_were_taken(tmp_path: Path) -> None:
-    run = open_run(import_megatron_dumps(_write(tmp_path / "save", 1, _full_tensors(), iterations=(3,)),
+    run = open_run(import_megatron_dumps(write_dumps(tmp_path / "save", 1, full_tensors(), iterations=(3,)),
                                          tmp_path / "run", progress=_quiet))
     records = run.records()
     assert records.steps == [2, 3]  # iter_3: activations of step 2, parameters step 3 starts from
@@ -106,11 +72,11 @@ def test_params_land_at_the_step_they_start_and_activations_at_the_step_they_wer
 
 
 def test_a_changed_element_is_the_first_divergence_with_its_input_equal(tmp_path: Path) -> None:
-    full = _full_tensors()
+    full = full_tensors()
     changed = {**full, "fc1.out": full["fc1.out"].clone()}
     changed["fc1.out"].view(-1)[5] = torch.nextafter(changed["fc1.out"].view(-1)[5], torch.tensor(np.inf))
-    a = import_megatron_dumps(_write(tmp_path / "a", 2, full), tmp_path / "ra", progress=_quiet)
-    b = import_megatron_dumps(_write(tmp_path / "b", 2, changed), tmp_path / "rb", progress=_quiet)
+    a = import_megatron_dumps(write_dumps(tmp_path / "a", 2, full), tmp_path / "ra", progress=_quiet)
+    b = import_megatron_dumps(write_dumps(tmp_path / "b", 2, changed), tmp_path / "rb", progress=_quiet)
     from workbench.analysis.compare import compare
 
     result = compare(open_run(a).records(), open_run(b).records())
@@ -119,8 +85,9 @@ def test_a_changed_element_is_the_first_divergence_with_its_input_equal(tmp_path
 
 def test_a_non_tensor_argument_is_skipped_and_named_and_progress_is_shown(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    save = _write(tmp_path / "save", 1, _full_tensors(), extra={"decoder.layers.0.mlp.linear_fc1/packed": _Settings(),
-                                                               "decoder.layers.0.mlp.linear_fc1/flag": True})
+    save = write_dumps(tmp_path / "save", 1, full_tensors(),
+                       extra={"decoder.layers.0.mlp.linear_fc1/packed": _Settings(),
+                              "decoder.layers.0.mlp.linear_fc1/flag": True})
     assert main(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")]) == 0
     skipped = open_run(tmp_path / "run").attrs["imported"]["skipped"]
     assert skipped == {"activations: decoder.layers.0.mlp.linear_fc1/packed": f"{__name__}._Settings",
@@ -140,7 +107,7 @@ def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str
 def test_a_hostile_dump_is_refused_and_never_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     marker = Path("/tmp/workbench-dump-was-run")
     marker.unlink(missing_ok=True)
-    save = _write(tmp_path / "save", 1, _full_tensors(), extra={"decoder.layers.0.mlp.linear_fc1/x": _Hostile()})
+    save = write_dumps(tmp_path / "save", 1, full_tensors(), extra={"decoder.layers.0.mlp.linear_fc1/x": _Hostile()})
     line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
     assert "refused" in line and "system" in line and not marker.exists()
     assert not (tmp_path / "run").exists()
@@ -151,7 +118,7 @@ def test_shards_and_steps_of_one_tensor_that_disagree_in_shape_are_one_line_and_
         tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str) -> None:
     # one TP rank's fc1 shard [11, 8] beside the other's [8, 8] was stored as [16, 8] with exit 0, and a norm
     # weight whose shape changed between iterations was imported as well
-    save = _write(tmp_path / "save", 2, _full_tensors())
+    save = write_dumps(tmp_path / "save", 2, full_tensors())
     rank, iteration, key = {"a rank's shard": (1, 1, "decoder.layers.0.mlp.linear_fc1.weight"),
                             "a replica's norm": (1, 1, "decoder.layers.0.pre_mlp_layernorm.weight"),
                             "a later step's norm": (0, 2, "decoder.layers.0.pre_mlp_layernorm.weight")}[change]
@@ -167,7 +134,7 @@ def test_shards_and_steps_of_one_tensor_that_disagree_in_shape_are_one_line_and_
 
 @pytest.mark.parametrize("damage", ["truncated", "keys", "empty", "missing rank", "not a folder"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
-    save = _write(tmp_path / "save", 2, _full_tensors())
+    save = write_dumps(tmp_path / "save", 2, full_tensors())
     first = save / "activations" / "iter_0000001" / "mp_rank_00.pth"
     if damage == "truncated":
         first.write_bytes(first.read_bytes()[:200])
