@@ -49,6 +49,10 @@ formats, model classes, entry points and the CUDA-only call sites the CPU layer 
 With the unit modules that import Megatron Core, they are marked ``releases``: what the floor environment
 (megatron-core 0.16.1) runs. Everything else runs once, in the current environment."""
 
+NOT_RELEASES = {"unit/test_run_store_contract.py"}
+"""Unit modules that name ``workbench.megatron_lm`` for what reads files only (Megatron-LM's dumps and traces), no
+release's code: not ``releases``, whatever ``IMPORTS_MEGATRON`` finds in them."""
+
 INTEGRATION = {"integration", "notebooks", "browser"}
 """The folders whose tests launch real multi-process Megatron Core runs (the notebook and browser tests train
 the mini demo): marked ``integration``, so that ``-m "not integration"`` leaves them out."""
@@ -63,7 +67,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if path not in verdicts:
             part = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
             verdicts[path] = (part in INTEGRATION, part in ("unit", "property")
-                              and IMPORTS_MEGATRON.search(path.read_text()) is not None)
+                              and IMPORTS_MEGATRON.search(path.read_text()) is not None
+                              and path.relative_to(TESTS).as_posix() not in NOT_RELEASES)
         integration, releases = verdicts[path]
         name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
         test = f"{name}::{item.name.split('[', 1)[0]}"

@@ -1,8 +1,10 @@
-"""Megatron-LM's tensor dumps of a one-layer MLP, written here in its documented format
-(``workbench/megatron_lm/dumps.py``): for the importer's tests and its fuzzing."""
+"""Megatron-LM's tensor dumps of a one-layer MLP and its MoE router traces, written here in their documented
+formats (``workbench/megatron_lm/dumps.py``, ``router_traces.py``): for the importer's tests, its fuzzing and
+the run-store contract."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -42,3 +44,25 @@ def write_dumps(save: Path, tp: int, full: dict[str, torch.Tensor], iterations: 
                 folder.mkdir(parents=True, exist_ok=True)
                 torch.save({"model_chunk0": content}, folder / f"mp_rank_{rank:02d}.pth")
     return save
+
+
+EXPERTS, TOPK, TOKENS, MICRO_BATCHES, RANKS, STEPS, LAYERS = 4, 2, 6, 2, 2, 3, 2
+"""The router traces' shape: experts, choices per token, tokens, micro-batches, data replicas, steps, layers."""
+
+
+def router_choices(seed: int = 0) -> torch.Tensor:
+    """int32 [steps, layers, ranks (data replicas), micro-batches, tokens, topk]: distinct experts per token."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.rand(STEPS, LAYERS, RANKS, MICRO_BATCHES, TOKENS, EXPERTS, generator=generator)
+    return scores.topk(TOPK, dim=-1).indices.to(torch.int32)
+
+
+def write_router_traces(folder: Path, choices: torch.Tensor) -> Path:
+    """The tracer's lines as its docstring gives them: one per router call (micro-batch and layer)."""
+    folder.mkdir(parents=True)
+    for rank in range(RANKS):
+        lines = [json.dumps({"step": step, "stage": "pre_dispatch", "block": "decoder", "layer": layer, "rank": rank,
+                             "num_tokens": TOKENS, "topk": TOPK, "top_indices": choices[step, layer, rank, k].tolist()})
+                 for step in range(STEPS) for k in range(MICRO_BATCHES) for layer in range(LAYERS)]
+        (folder / f"router_trace_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder

@@ -23,12 +23,15 @@ ALLOWED: dict[str, set[str]] = {
     "runner": {"foundation", "store", "analysis", "recorder"},
     "investigate": {"foundation", "store", "analysis", "figures", "runner"},
     "megatron_lm": {"foundation", "store", "analysis", "importers", "recorder", "runner"},
+    "testing": {"foundation", "store", "analysis"},
 }
 """The layers each layer may import (its own always); the command line and the package's
-``__init__`` may import any."""
+``__init__`` may import any. ``testing`` (the run-store contract and the damage the tests draw from) is for the
+tests: no layer imports it."""
 LAZY_ONLY = {("studies", "runner")}
 """Imports made inside functions only: running a study launches runs, reading one needs no torch."""
-TORCH_FREE = ["foundation", "store", "analysis", "importers", "figures", "studies", "widgets", "investigate"]
+TORCH_FREE = ["foundation", "store", "analysis", "importers", "figures", "studies", "widgets", "investigate",
+              "testing"]
 
 
 def layer_of(module: str) -> str | None:

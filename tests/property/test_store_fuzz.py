@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.dumps import full_tensors, write_dumps
-from tests.helpers.fuzz import Outcome, VerbWorker, damage, damage_file, file_mutations, mutations
+from tests.helpers.fuzz import Outcome, VerbWorker
 from workbench.cli import main
 from workbench.store.synthetic import write_synthetic_run
+from workbench.testing.damage import damage, damage_file, file_mutations, mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 IMPORTS = {"import-te": ROOT / "data" / "examples" / "te_debug" / "nvdlfw_inspect_statistics_logs"

@@ -12,31 +12,22 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.dumps import (
+    EXPERTS,
+    LAYERS,
+    MICRO_BATCHES,
+    RANKS,
+    STEPS,
+    TOKENS,
+    TOPK,
+    router_choices,
+    write_router_traces,
+)
 from workbench.analysis.compare import compare
 from workbench.cli import main
 from workbench.megatron_lm.dumps import import_megatron_dumps
 from workbench.statistics import fingerprint_reference
 from workbench.store.reader import open_run
-
-EXPERTS, TOPK, TOKENS, MICRO_BATCHES, RANKS, STEPS, LAYERS = 4, 2, 6, 2, 2, 3, 2
-
-
-def _choices(seed: int = 0) -> torch.Tensor:
-    """int32 [steps, layers, ranks (data replicas), micro-batches, tokens, topk]: distinct experts per token."""
-    generator = torch.Generator().manual_seed(seed)
-    scores = torch.rand(STEPS, LAYERS, RANKS, MICRO_BATCHES, TOKENS, EXPERTS, generator=generator)
-    return scores.topk(TOPK, dim=-1).indices.to(torch.int32)
-
-
-def _write_by_hand(folder: Path, choices: torch.Tensor) -> Path:
-    """The tracer's lines as its docstring gives them: one per router call (micro-batch and layer)."""
-    folder.mkdir(parents=True)
-    for rank in range(RANKS):
-        lines = [json.dumps({"step": step, "stage": "pre_dispatch", "block": "decoder", "layer": layer, "rank": rank,
-                             "num_tokens": TOKENS, "topk": TOPK, "top_indices": choices[step, layer, rank, k].tolist()})
-                 for step in range(STEPS) for k in range(MICRO_BATCHES) for layer in range(LAYERS)]
-        (folder / f"router_trace_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
-    return folder
 
 
 def _import(traces: Path, run: Path) -> Path:
@@ -44,8 +35,8 @@ def _import(traces: Path, run: Path) -> Path:
 
 
 def test_each_micro_batch_s_choices_are_the_recorder_s_counts_and_top_indices(tmp_path: Path) -> None:
-    choices = _choices()
-    records = open_run(_import(_write_by_hand(tmp_path / "traces", choices), tmp_path / "run")).records()
+    choices = router_choices()
+    records = open_run(_import(write_router_traces(tmp_path / "traces", choices), tmp_path / "run")).records()
     assert records.steps == [0, 1, 2]
     assert list(records.sites) == [f"act:layers.{layer}.mlp.{what}" for layer in range(LAYERS)
                                    for what in ("tokens_per_expert", "router/top_indices")]
@@ -61,13 +52,13 @@ def test_each_micro_batch_s_choices_are_the_recorder_s_counts_and_top_indices(tm
 
 
 def test_two_tokens_that_swap_experts_are_found_though_the_counts_agree(tmp_path: Path) -> None:
-    choices = _choices()
+    choices = router_choices()
     swapped = choices.clone()
     swapped[1, 1, 0, 0, [0, 1]] = choices[1, 1, 0, 0, [1, 0]]  # step 1, layer 1: tokens 0 and 1 trade choices
     assert not torch.equal(swapped, choices)
-    a = open_run(_import(_write_by_hand(tmp_path / "a", choices), tmp_path / "ra")).records()
-    again = open_run(_import(_write_by_hand(tmp_path / "again", choices), tmp_path / "ragain")).records()
-    b = open_run(_import(_write_by_hand(tmp_path / "b", swapped), tmp_path / "rb")).records()
+    a = open_run(_import(write_router_traces(tmp_path / "a", choices), tmp_path / "ra")).records()
+    again = open_run(_import(write_router_traces(tmp_path / "again", choices), tmp_path / "ragain")).records()
+    b = open_run(_import(write_router_traces(tmp_path / "b", swapped), tmp_path / "rb")).records()
     assert compare(a, again).identical
     result = compare(a, b)
     assert (result.first_step, result.first_site) == (1, "act:layers.1.mlp.router/top_indices")
@@ -78,7 +69,7 @@ def test_two_tokens_that_swap_experts_are_found_though_the_counts_agree(tmp_path
 def test_megatron_s_own_tracer_writes_what_the_import_reads(tmp_path: Path) -> None:
     router_trace = pytest.importorskip("megatron.core.transformer.moe.router_trace",
                                        reason="megatron-core before 0.19 has no router tracer")
-    choices = _choices(1)
+    choices = router_choices(1)
     for rank in range(RANKS):
         tracer = router_trace.RouterTracer(str(tmp_path / "traces"), STEPS, rank, training_mode=True)
         for step in range(STEPS):
@@ -86,14 +77,14 @@ def test_megatron_s_own_tracer_writes_what_the_import_reads(tmp_path: Path) -> N
                 tracer.record_indices([choices[step, layer, rank, k] for layer in range(LAYERS)])
             tracer.advance_step(step)  # train_step's call, with its 0-based iteration
         tracer.flush()
-    by_hand = _write_by_hand(tmp_path / "by-hand", choices)
+    by_hand = write_router_traces(tmp_path / "by-hand", choices)
     traced = open_run(_import(tmp_path / "traces", tmp_path / "run")).records()
     assert compare(traced, open_run(_import(by_hand, tmp_path / "run-by-hand")).records()).identical
     assert traced.steps == [0, 1, 2]
 
 
 def test_an_evaluation_s_calls_are_dropped_and_its_step_named(tmp_path: Path) -> None:
-    traces = _write_by_hand(tmp_path / "traces", _choices())
+    traces = write_router_traces(tmp_path / "traces", router_choices())
     for rank in range(RANKS):  # an evaluation forward before step 2's training calls, stamped step 2
         log = traces / f"router_trace_rank{rank}.jsonl"
         lines = log.read_text().splitlines()
@@ -103,7 +94,8 @@ def test_an_evaluation_s_calls_are_dropped_and_its_step_named(tmp_path: Path) ->
         log.write_text("\n".join(lines[:first] + extra + lines[first:]) + "\n")
     run = open_run(_import(traces, tmp_path / "run"))
     assert run.attrs["imported"]["router_traces"]["irregular_steps"] == [2]
-    plain = open_run(_import(_write_by_hand(tmp_path / "plain", _choices()), tmp_path / "plain-run")).records()
+    plain_traces = write_router_traces(tmp_path / "plain", router_choices())
+    plain = open_run(_import(plain_traces, tmp_path / "plain-run")).records()
     assert compare(run.records(), plain).identical
 
 
@@ -115,7 +107,7 @@ def test_an_evaluation_s_calls_are_dropped_and_its_step_named(tmp_path: Path) ->
 ])
 def test_a_bad_trace_line_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
                                                  says: str) -> None:
-    traces = _write_by_hand(tmp_path / "traces", _choices())
+    traces = write_router_traces(tmp_path / "traces", router_choices())
     with (traces / "router_trace_rank1.jsonl").open("a") as log:
         log.write(line + "\n")
     code = main(["import-megatron-dumps", str(traces), "--router-traces", str(traces), "--experts", "4",
@@ -131,7 +123,7 @@ def test_a_folder_without_traces_and_a_pipeline_without_dumps_are_refused(tmp_pa
     assert main(["import-megatron-dumps", str(tmp_path / "empty"), "--router-traces", str(tmp_path / "empty"),
                  "--out", str(tmp_path / "run")]) == 2
     assert "no router traces" in capsys.readouterr().err
-    traces = _write_by_hand(tmp_path / "traces", _choices())
+    traces = write_router_traces(tmp_path / "traces", router_choices())
     assert main(["import-megatron-dumps", str(traces), "--router-traces", str(traces), "--pp", "2",
                  "--out", str(tmp_path / "run")]) == 2
     assert "stages' first layers are unknown" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def test_the_writer_gives_the_same_store_flush_by_flush_and_after_reopening(tmp_
     stats = reference.records().stats.load().to_numpy()
     fingerprints = reference.fingerprints().to_numpy()
     run_dir = tmp_path / "flushed"
-    create_store(run_dir, dict(reference.attrs), STEPS)
+    create_store(run_dir, {**reference.attrs, "status": layout.Status.RUNNING}, STEPS)  # no scalar rows: not complete
     create_sites_group(run_dir, list(range(STEPS)), synthetic_sites(SITES))
     writer = SiteWriter(run_dir)
     writer.write(0, stats[:30] + 1, fingerprints[:30] + np.uint64(1))  # rows a resumed run writes again below

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -315,6 +316,36 @@ def require_rows(node: zarr.Array, start: int, stop: int) -> None:
                                     "deleted file): rewrite the run or restore the chunk")
 
 
+def require_written(node: zarr.Array, start: int = 0, stop: int | None = None, *, what: str) -> None:
+    """``DamagedStoreError`` naming the array when a chunk holding rows [start, stop) (all of them by default)
+    is not on disk, where the writer wrote those rows (``what``: when it did, for the message). For arrays a
+    store writes whole (its coordinates), and for done flags a finished run has written: Zarr would read a
+    missing chunk as fill values, and silently."""
+    stop = node.shape[0] if stop is None else stop
+    chunks = file_chunks(node)
+    for index in range(start // chunks[0], -(-stop // chunks[0])):
+        coords = (index,) + (0,) * (len(chunks) - 1)
+        if not _chunk_on_disk(node, coords):
+            first = index * chunks[0]
+            raise DamagedStoreError(f"{located(node)}: the chunk of rows {first}-{min(first + chunks[0], stop) - 1}"
+                                    f" is missing, though {what}; the run store is damaged (a deleted file): rewrite "
+                                    "the run or restore the chunk")
+
+
+def require_done_chunks(node: zarr.Array) -> None:
+    """``DamagedStoreError`` where the done flags ``node`` of a finished run lack a chunk: none written at all,
+    or one missing between written ones (a run writes its done flags in step order; one that starts later, a
+    replay, leaves out only those before its first step). A missing chunk reads as "not done", silently."""
+    size = file_chunks(node)[0]
+    written = _written_chunks(node)
+    gaps = sorted(set(range(written[0], written[-1] + 1)) - set(written)) if written else [0]
+    if node.shape[0] and gaps:
+        first = gaps[0] * size
+        raise DamagedStoreError(f"{located(node)}: the chunk of rows {first}-{min(first + size, node.shape[0]) - 1} "
+                                "is missing, though the run has finished and wrote its done flags in step order; the "
+                                "run store is damaged (a deleted file): rewrite the run or restore the chunk")
+
+
 def located(node: zarr.Array | zarr.Group) -> str:
     """Where ``node`` lives, for messages: a local path, or the URL of a store read through fsspec."""
     store, path = node.store_path.store, node.store_path.path
@@ -324,6 +355,29 @@ def located(node: zarr.Array | zarr.Group) -> str:
     protocol = getattr(fs, "protocol", "")
     scheme = protocol[0] if isinstance(protocol, tuple | list) and protocol else protocol
     return f"{scheme}://{root.lstrip('/')}/{path}".rstrip("/") if scheme else f"{root}/{path}"
+
+
+def _written_chunks(node: zarr.Array) -> list[int]:
+    """The indices of the chunk files of the one-dimensional ``node`` that are on disk, sorted: listed, so the
+    work is that of the files there, not of the rows the array declares."""
+    key = node.metadata.encode_chunk_key((0,))  # "c/0" (the default), "c.0", "0"
+    folder, _, stem = key[:-1].rpartition("/")  # "c", "" | "", "c." | "", ""
+    store, path = node.store_path.store, node.store_path.path
+    where = "/".join(part for part in (path, folder) if part)
+    if isinstance(store, LocalStore):
+        try:
+            names = os.listdir(Path(store.root) / where)
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+    else:
+        prefix = f"{where}/" if where else ""
+
+        async def listed() -> list[str]:
+            return [found[len(prefix):] async for found in store.list_prefix(prefix)]
+
+        names = [name for name in sync(listed()) if "/" not in name]
+    return sorted(int(name[len(stem):]) for name in names
+                  if name.startswith(stem) and name[len(stem):].isdigit())
 
 
 def _chunk_on_disk(node: zarr.Array, coords: tuple[int, ...]) -> bool:

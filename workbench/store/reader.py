@@ -55,6 +55,7 @@ class Run:
         self._root = zarr.open_group(self._store, mode="r")
         self._scalars = layout.subgroup(self._root, layout.SCALARS_GROUP)
         self._sites: zarr.Group | None = None
+        self._done_checked = False
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, {self.status}, {self.steps_completed}/{self.steps_planned} steps)"
@@ -100,9 +101,15 @@ class Run:
             raise DamagedStoreError(f"{self.paths.store}: the scalars declare {planned} steps where the manifest "
                                     f"plans {bound}; the store is damaged (rewrite the run)")
         for name in layout.SCALAR_FIELDS:
-            if layout.contains(self._scalars, name) or name not in layout.ADDED_SCALARS:
+            if self._holds_scalar(name):
                 layout.check_shape(layout.array(self._scalars, name), (planned,), "the scalars' done row")
         return planned
+
+    def _holds_scalar(self, name: str) -> bool:
+        """Whether the store keeps scalar ``name``: all but those added since (``layout.ADDED_SCALARS``), which
+        only stores written before them lack; a store that writes every chunk is newer than all of them (a
+        missing one there is damage, named when it is read)."""
+        return name not in layout.ADDED_SCALARS or self.every_chunk_written or layout.contains(self._scalars, name)
 
     @property
     def every_chunk_written(self) -> bool:
@@ -113,8 +120,19 @@ class Run:
     @property
     def done(self) -> np.ndarray:
         """Per planned step: whether its row has been written (re-read on every access)."""
+        node = layout.array(self._scalars, layout.DONE_FIELD)
+        if not self._done_checked:  # once: a finished run's flags no longer change
+            if self._finished:
+                layout.require_done_chunks(node)
+            self._done_checked = True
         # read up to the checked number of steps: a declared shape is not allocated unchecked
-        return layout.read(layout.array(self._scalars, layout.DONE_FIELD), slice(0, self.steps_planned)).astype(bool)
+        return layout.read(node, slice(0, self.steps_planned)).astype(bool)
+
+    @property
+    def _finished(self) -> bool:
+        """Whether its writer marked it complete, in a store that writes every chunk (``every_chunk_written``):
+        then a chunk missing from what it wrote is damage, not a step still to come."""
+        return self.every_chunk_written and self.attrs.get("status") == layout.Status.COMPLETE
 
     def _completed_span(self) -> tuple[int, int]:
         """[first, end) of the steps written without a gap from the first written one."""
@@ -152,7 +170,7 @@ class Run:
         group = self._scalars
         first, end = self._completed_span()
         frame = pd.DataFrame({name: self._rows(layout.array(group, name), first, end, strict=self.every_chunk_written)
-                              if layout.contains(group, name) or name not in layout.ADDED_SCALARS
+                              if self._holds_scalar(name)
                               else np.full(end - first, np.nan) for name in layout.SCALAR_FIELDS},
                              index=pd.Index(np.arange(first, end), name=layout.STEP_DIM))
         frame["skipped"] = frame["skipped"].astype(bool)
@@ -160,6 +178,10 @@ class Run:
 
     def dataset(self) -> xr.Dataset:
         """The scalars as a lazy xarray Dataset (``xarray.open_zarr``), completed steps only."""
+        step = layout.array(self._scalars, layout.STEP_DIM)
+        if self.every_chunk_written:
+            layout.require_written(step, what="the store writes its coordinates whole")
+        layout.read(step, slice(0, self.steps_planned))  # the index xarray reads at once: damage named, not raised
         ds = xr.open_zarr(self._store, group=layout.SCALARS_GROUP, consolidated=False)
         first, end = self._completed_span()
         return ds.drop_vars(layout.DONE_FIELD).isel({layout.STEP_DIM: slice(first, end)})
@@ -203,6 +225,11 @@ class Run:
             layout.check_shape(layout.array(group, name), (sites,), "the site coordinate")
         layout.check_shape(layout.array(group, layout.STATS_ARRAY), (steps, sites, stats), what)
         layout.check_shape(layout.array(group, layout.FINGERPRINT_ARRAY), (steps, sites), what)
+        if self.every_chunk_written:  # what the store wrote whole when it made the group: read as fill values else
+            for name in (layout.STEP_DIM, layout.SITE_DIM, layout.STAT_DIM, *layout.SITE_META_FIELDS):
+                layout.require_written(layout.array(group, name), what="the store writes its coordinates whole")
+        if self._finished:
+            layout.require_done_chunks(layout.array(group, layout.DONE_FIELD))
 
     @staticmethod
     def _rows(node: zarr.Array, start: int, stop: int, *, strict: bool = True) -> np.ndarray:
