@@ -196,3 +196,16 @@ def test_an_older_store_is_checked_where_a_missing_chunk_cannot_be_fill_values(t
     _first_chunk(store / "sites" / "stats").unlink()  # a recorded row is never all fill values
     with pytest.raises(DamagedStoreError, match=r"sites/stats: the chunk of rows .* is missing"):
         open_run(run_dir).records()
+
+
+@pytest.mark.parametrize("removed", ["sites/name/c/0", "sites/kind/c/0", "sites/site/c/0", "sites/step/c/0",
+                                     "scalars/done/c/0", "sites/done/c/0", "scalars/val_loss/zarr.json"])
+def test_a_file_a_finished_store_wrote_is_missed_not_read_as_fill_values(tmp_path: Path, removed: str) -> None:
+    """Zarr reads a missing chunk as fill values: a site named "", no step done, a validation loss of NaN. In a
+    store that writes every chunk, a coordinate written whole, a finished run's done flags and a scalar of its
+    schema are there, so a missing one is damage, named."""
+    run_dir = write_recorded_run(tmp_path / "run", steps=20, sites=12)
+    (run_dir / layout.STORE_DIR / removed).unlink()
+    with pytest.raises(DamagedStoreError, match=removed.rsplit("/", 2)[0] if "c/" in removed else "val_loss"):
+        run = open_run(run_dir)
+        run.scalars, run.site_table(), run.fingerprints()
