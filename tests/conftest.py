@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.stores import write_synthetic_run
 from tests.helpers.timing import FolderTimes
 from tests.helpers.training import held, made_once, shared_dir, train_user_loop
+from workbench.store.synthetic import write_synthetic_run
 
 TESTS = Path(__file__).parent
 IMPORTS_MEGATRON = re.compile(r"^\s*(import|from) megatron\b|importorskip\([\"']megatron|cpu_compat|"

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 import workbench.investigate.watch as anomaly_watch
-from tests.helpers.stores import write_synthetic_run
 from workbench.errors import ArgumentError
 from workbench.investigate.watch import watch_anomalies
 from workbench.statistics import STAT_NAMES
 from workbench.store import layout, synthetic
 from workbench.store.reader import open_run
+from workbench.store.synthetic import write_synthetic_run
 from workbench.store.writer import ScalarWriter, set_status, write_site_rows
 
 SCALARS = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.01, "tokens_per_s": 1e5,

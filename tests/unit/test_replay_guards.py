@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.stores import write_synthetic_run
 from workbench.errors import ArgumentError
 from workbench.investigate.replay import replay
 from workbench.store import synthetic
+from workbench.store.manifest import RUNNER
+from workbench.store.synthetic import write_synthetic_run
 
 
 @pytest.fixture
 def original(tmp_path: Path) -> Path:
-    return write_synthetic_run(tmp_path / "runs" / "orig", steps=12, written=8, status="stopped")
+    return write_synthetic_run(tmp_path / "runs" / "orig", steps=12, written=8, status="stopped", name="synthetic",
+                               producer=RUNNER)  # as if the runner had stopped it after step 7
 
 
 @pytest.fixture(autouse=True)

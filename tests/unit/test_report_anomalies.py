@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.stores import SCALARS, write_synthetic_run
 from workbench.store import synthetic
+from workbench.store.synthetic import STEP_SCALARS as SCALARS
+from workbench.store.synthetic import write_synthetic_run
 from workbench.store.writer import ScalarWriter
 from workbench.studies.report import _page, report_figures
 from workbench.studies.summary import summarise

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from tests.helpers.stores import SCALARS
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.store import synthetic
+from workbench.store.synthetic import STEP_SCALARS as SCALARS
 from workbench.store.writer import ScalarWriter
 from workbench.studies.report import (
     _STYLE,

@@ -10,11 +10,10 @@ import pytest
 import xarray as xr
 import zarr
 
-from tests.helpers.stores import write_synthetic_run
 from workbench.errors import DamagedStoreError, NotARunError, RunNotFoundError, SchemaVersionError
 from workbench.store import layout
 from workbench.store.reader import list_runs, open_run
-from workbench.store.synthetic import write_synthetic_run as write_recorded_run
+from workbench.store.synthetic import synthetic_loss, write_synthetic_run
 from workbench.store.writer import update_manifest
 
 
@@ -22,9 +21,9 @@ def test_round_trip_of_scalars(synthetic_run: Path) -> None:
     run = open_run(synthetic_run)
     assert run.status == "complete"
     assert run.steps_completed == run.steps_planned == 12
-    np.testing.assert_allclose(run.scalars.loss.to_numpy(), 5.0 - 0.1 * np.arange(12))
+    np.testing.assert_array_equal(run.scalars.loss.to_numpy(), synthetic_loss(12))
     assert run.scalars.index.name == "step"
-    assert run.final_loss == pytest.approx(5.0 - 0.1 * 11)
+    assert run.final_loss == synthetic_loss(12)[-1]
     assert run.config.name == "synthetic"
 
 
@@ -188,7 +187,7 @@ def test_every_chunk_of_a_written_row_is_on_disk_even_when_it_holds_only_fill_va
 
 
 def test_an_older_store_is_checked_where_a_missing_chunk_cannot_be_fill_values(tmp_path: Path) -> None:
-    run_dir = write_recorded_run(tmp_path / "run", steps=8, sites=12, seed=1)
+    run_dir = write_synthetic_run(tmp_path / "run", steps=8, sites=12, seed=1)
     store = layout.RunPaths(run_dir).store
     update_manifest(run_dir, **{layout.EVERY_CHUNK_WRITTEN: None})  # as stores written before the flag
     _first_chunk(store / "scalars" / "val_loss").unlink()  # such a store left all-NaN chunks out
@@ -204,7 +203,7 @@ def test_a_file_a_finished_store_wrote_is_missed_not_read_as_fill_values(tmp_pat
     """Zarr reads a missing chunk as fill values: a site named "", no step done, a validation loss of NaN. In a
     store that writes every chunk, a coordinate written whole, a finished run's done flags and a scalar of its
     schema are there, so a missing one is damage, named."""
-    run_dir = write_recorded_run(tmp_path / "run", steps=20, sites=12)
+    run_dir = write_synthetic_run(tmp_path / "run", steps=20, sites=12)
     (run_dir / layout.STORE_DIR / removed).unlink()
     with pytest.raises(DamagedStoreError, match=removed.rsplit("/", 2)[0] if "c/" in removed else "val_loss"):
         run = open_run(run_dir)

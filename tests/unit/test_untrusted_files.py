@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from tests.helpers.stores import write_synthetic_run
 from workbench.config import RunConfig
 from workbench.errors import CheckpointError, UntrustedFileError
+from workbench.store.synthetic import write_synthetic_run
 from workbench.untrusted import (
     COUNT,
     JsonField,

@@ -10,7 +10,9 @@ layer. Two runs with the same ``seed`` are bitwise identical; ``diverge_at=(step
 makes the site at ``index`` of the execution order and every later one differ from
 ``step`` on, and every site from ``step + 1`` on, with a relative difference that starts
 at ``initial_difference`` and grows by ``growth`` decades per step, the way a rounding
-difference spreads through training. Imports no torch.
+difference spreads through training. ``sites=0`` writes the scalars only; ``written=k`` only the first k steps,
+with ``status=None`` as a run partway through leaves them. The one synthetic writer: the tests, the benchmarks
+and the run-store contract use it. Imports no torch.
 """
 
 from __future__ import annotations
@@ -54,29 +56,59 @@ def synthetic_sites(count: int) -> list[SiteInfo]:
             for i, (kind, name, layer) in enumerate(order[:count])]
 
 
-def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: int = 0,
+STEP_SCALARS = {"grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.1, "tokens_per_s": 10_000.0,
+                "recorder_time": 0.0, "skipped": 0}
+"""One synthetic step's scalars but its loss (``synthetic_loss``)."""
+
+
+def synthetic_loss(steps: int) -> np.ndarray:
+    """The loss of each of a synthetic run's ``steps``: from 6 down towards 1."""
+    return 5.0 * np.exp(-np.arange(steps) / (steps / 3)) + 1.0
+
+
+def write_synthetic_run(run_dir: str | Path, *, steps: int = 12, sites: int = 0, seed: int = 0,
                         diverge_at: tuple[int, int] | None = None, initial_difference: float = 1e-7,
                         growth: float = 0.01, name: str | None = None,
-                        schema_version: int = layout.SCHEMA_VERSION) -> Path:
+                        schema_version: int = layout.SCHEMA_VERSION, written: int | None = None,
+                        status: str | None = layout.Status.COMPLETE, producer: str = "synthetic") -> Path:
     """Write one synthetic run store (see the module docstring) in the layout of ``schema_version``; returns its
-    folder."""
-    if steps < 1 or sites < 1:
-        raise ArgumentError(f"steps and sites must be >= 1, got steps={steps}, sites={sites}")
+    folder. ``sites=0``: scalars only. ``written``: only the first ``written`` steps' rows, as a run partway
+    through writes them; ``status`` the status it ends with (None: as created). ``producer`` the manifest's: any
+    other than ``synthetic`` (``runner``, for a test of what only the runner's runs allow) writes the store as
+    that producer would, without the synthetic facts."""
+    written = steps if written is None else written
+    if steps < 1 or sites < 0 or not 0 <= written <= steps:
+        raise ArgumentError(f"need steps >= 1, sites >= 0 and 0 <= written <= steps, got steps={steps}, "
+                            f"sites={sites}, written={written}")
     if diverge_at is not None and not (0 <= diverge_at[0] < steps and 0 <= diverge_at[1] < sites):
         raise ArgumentError(f"diverge_at={diverge_at} lies outside {steps} steps x {sites} sites")
     run_dir = Path(run_dir)
     cfg = RunConfig(name=name or run_dir.name, steps=steps, record=RecordConfig(compile=False))
-    manifest = runner_manifest(cfg, producer="synthetic",
-                               synthetic={"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
-                                          "initial_difference": initial_difference, "growth": growth})
+    facts = {"seed": seed, "diverge_at": list(diverge_at) if diverge_at else None,
+             "initial_difference": initial_difference, "growth": growth}
+    manifest = runner_manifest(cfg, producer=producer, **({"synthetic": facts} if producer == "synthetic" else {}))
     create_store(run_dir, manifest, steps, schema_version=schema_version)
-    site_infos = synthetic_sites(sites)
+    if sites:
+        _write_sites(run_dir, steps, written, synthetic_sites(sites), seed, diverge_at, initial_difference, growth)
+    writer = ScalarWriter(run_dir, flush_every=max(written, 1))
+    loss = synthetic_loss(steps)
+    for step in range(written):
+        writer.append(step, {"loss": loss[step], **STEP_SCALARS})
+    writer.close()
+    if status is not None:
+        set_status(run_dir, status)
+    return run_dir
+
+
+def _write_sites(run_dir: Path, steps: int, written: int, site_infos: list[SiteInfo], seed: int,
+                 diverge_at: tuple[int, int] | None, initial_difference: float, growth: float) -> None:
+    """The sites group, and the rows of the first ``written`` steps."""
     create_sites_group(run_dir, list(range(steps)), site_infos)
 
     rng = np.random.default_rng(seed)
     scale = 10.0 ** rng.uniform(-3, 1, size=len(site_infos))  # [site] typical magnitude of each tensor
-    for start in range(0, steps, _BLOCK):
-        stop = min(steps, start + _BLOCK)
+    for start in range(0, written, _BLOCK):
+        stop = min(written, start + _BLOCK)
         block_rng = np.random.default_rng([seed, start])  # the same numbers whatever else differs
         shape = (stop - start, len(site_infos))
         fingerprints = block_rng.integers(0, 2**63, size=shape, dtype=np.int64).astype(np.uint64)
@@ -89,15 +121,6 @@ def write_synthetic_run(run_dir: str | Path, *, steps: int, sites: int, seed: in
             values = values * (1.0 + np.minimum(relative, 0.5))
             fingerprints = np.where(differs, fingerprints ^ np.uint64(0x9E3779B97F4A7C15), fingerprints)
         write_site_rows(run_dir, start, _stats(values), fingerprints)
-
-    writer = ScalarWriter(run_dir, flush_every=steps)
-    loss = 5.0 * np.exp(-np.arange(steps) / (steps / 3)) + 1.0
-    for step in range(steps):
-        writer.append(step, {"loss": loss[step], "grad_norm": 1.0, "lr": 1e-3, "loss_scale": 1.0, "step_time": 0.1,
-                             "tokens_per_s": 10_000.0, "recorder_time": 0.0, "skipped": 0})
-    writer.close()
-    set_status(run_dir, layout.Status.COMPLETE)
-    return run_dir
 
 
 def _differs(step_numbers: np.ndarray, n_sites: int, diverge_at: tuple[int, int]) -> np.ndarray:
