@@ -1,4 +1,4 @@
-"""The Megatron Core releases the workbench trains with: the range CI tests (README, "Environments").
+"""The Megatron Core releases the workbench trains with: the range CI tests (docs/environments.md).
 
 ``pyproject.toml`` declares the same range for the ``train`` extra (a test keeps the two equal). A release
 outside it is refused in one line where training starts (``workbench run``, ``record(...)``), before any

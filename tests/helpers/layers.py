@@ -1,4 +1,4 @@
-"""The package's import layers (README, "Architecture") and what reads them off the source."""
+"""The package's import layers (docs/architecture.md) and what reads them off the source."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from workbench.store.reader import list_runs, open_run
 from workbench.store.writer_lock import writing
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = README.parent / "docs" / "record-your-training.md"
 ALL_KINDS = {"param", "act", "act_grad", "grad", "loss", "exp_avg", "exp_avg_sq", "update"}
 
 
@@ -102,16 +103,16 @@ def test_kinds_asked_for_and_never_seen_are_a_warning_and_in_the_manifest(tmp_pa
     assert "never saw" in result.stderr and "grad" in missing and "optimizer" in missing["grad"]
 
 
-def test_the_readme_snippet_is_the_tested_loop() -> None:
-    section = README.read_text().split("## Record your own training", 1)[1]
-    snippet = re.search(r"```python\n(.*?)```", section, re.S)
+@pytest.mark.parametrize("page", [README, GUIDE], ids=["README", "guide"])
+def test_the_readme_snippet_is_the_tested_loop(page: Path) -> None:
+    snippet = re.search(r"```python\n(.*?)```", page.read_text().split("Record your own", 1)[1], re.S)
     assert snippet is not None
     loop = [line.strip() for line in LOOP_SCRIPT.read_text().splitlines()]
     position = 0
     for line in (raw.split("#")[0].strip() for raw in snippet.group(1).splitlines()):
         if not line or "..." in line or line.startswith(("import", "from")):
             continue
-        assert line in loop[position:], f"README line not in the tested loop (in order): {line}"
+        assert line in loop[position:], f"{page.name}'s line not in the tested loop (in order): {line}"
         position = loop.index(line, position) + 1
     json.dumps(snippet.group(1))  # the snippet is text, not a template
 

@@ -3,8 +3,8 @@
 Written the way Megatron-LM's ``examples/run_simple_mcore_train_loop.py`` writes one: its own
 ``TransformerConfig`` and ``GPTModel`` (local spec), Megatron DDP, ``get_forward_backward_func``,
 ``finalize_model_grads`` called directly, a plain ``torch.optim.Adam``. Nothing from the
-workbench but the recording lines (the README's "Record your own training" snippet, whose
-lines the test finds here in order) and, on a machine without a GPU, ``cpu_compat``.
+workbench but the recording lines (the "Record your own training" snippet of the README and of
+docs/record-your-training.md, whose lines the test finds here in order) and, on a machine without a GPU, ``cpu_compat``.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/integration/user_loop.py RUN_DIR --tp 2
 

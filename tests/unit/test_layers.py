@@ -1,4 +1,4 @@
-"""The package's layers import downward only (README, "Architecture"), checked on the source."""
+"""The package's layers import downward only (docs/architecture.md), checked on the source."""
 
 from __future__ import annotations
 
