@@ -25,6 +25,8 @@ def _largest(result: Comparison) -> float:
 
 
 def describe(result: Comparison, label: str) -> str:
+    """One line on a comparison, headed ``label``: bitwise identical over how many steps and sites, or where the
+    runs first differ, from which sites, and how far apart they end."""
     if result.identical:
         return (f"{label}: bitwise identical at all {len(result.common_steps)} recorded steps x "
                 f"{len(result.common_sites)} sites")

@@ -17,6 +17,8 @@ from workbench.store.manifest import Provenance
 
 
 def pairs_figure(matrix: PairMatrix, *, provenance: Provenance | None = None) -> go.Figure:
+    """The pair matrix of a folder's runs: each cell the step where its pair first differs, ``=`` where they are
+    bitwise identical, ``×`` where they cannot be compared."""
     names = matrix.names
     steps = matrix.first_step.to_numpy(dtype="float64", na_value=np.nan)
     identical = matrix.identical.to_numpy(dtype=bool)

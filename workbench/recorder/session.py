@@ -374,7 +374,31 @@ class TrainingRun:
 
 
 def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], optimizer: Any = None, *,
-           steps: int, **options: Any) -> TrainingRun:
-    """Start recording a Megatron Core training into ``run_dir`` (see ``TrainingRun`` for the options):
-    every rank calls it, after ``parallel_state`` is initialised and the model and optimizer exist."""
-    return TrainingRun(run_dir, chunks, optimizer, steps=steps, **options)
+           steps: int, name: str | None = None, global_batch_size: int | None = None,
+           user_config: Mapping[str, Any] | None = None, seed: int | None = None, deterministic: bool | None = None,
+           record: RecordConfig | None = None, sites: SiteFilter | None = None, flush_every: int = 10,
+           heartbeat_s: float = 30.0, against: str | os.PathLike[str] | None = None, rtol: float | None = None,
+           keep_going: bool = False, producer: str = USER_LOOP) -> TrainingRun:
+    """Start recording a Megatron Core training into the run folder ``run_dir``; use it as a context manager
+    around the loop (``with record(...) as run:``, then ``with run.step(step):`` and ``run.log(...)``). Every
+    rank calls it, after ``parallel_state`` is initialised and the model and optimizer exist.
+
+    ``chunks``: the model chunks (a list of ``GPTModel``, DDP-wrapped or not; one per virtual stage).
+    ``optimizer``: the optimizer the loop steps (torch's or Megatron's, the distributed one included): the
+    reduced gradients, the Adam moments and the updates are read through it; without it those kinds are
+    named missing. ``steps``: the training steps the loop will run. ``name``: the run's name (default: the
+    folder's). ``global_batch_size``: samples per step, for tokens/s. ``user_config``: any mapping (Megatron-LM's
+    ``vars(args)``), stored with its hash. ``seed`` and ``deterministic``: stored in the manifest
+    (``deterministic`` defaults to what Megatron's config and torch say). ``record``: which kinds, steps and
+    snapshots to record (``RecordConfig``); ``sites``: a glob, a list of globs or a predicate over site ids.
+    ``flush_every``: steps between writes to the store; ``heartbeat_s``: seconds between rank 0's heartbeats
+    (how a reader on another host tells a live run from a dead one). ``against``: a live reference (a run
+    folder or a golden file) that stops the run at its first divergence, within ``rtol`` if given (bitwise
+    otherwise), or only reports it with ``keep_going``. ``producer``: the manifest's producer.
+
+    What it would record wrong is refused here, in one line, before anything is written; a folder another
+    writer holds is refused naming it."""
+    return TrainingRun(run_dir, chunks, optimizer, steps=steps, name=name, global_batch_size=global_batch_size,
+                       user_config=user_config, seed=seed, deterministic=deterministic, record=record, sites=sites,
+                       flush_every=flush_every, heartbeat_s=heartbeat_s, against=against, rtol=rtol,
+                       keep_going=keep_going, producer=producer)

@@ -73,9 +73,14 @@ def runs_dir() -> Path:
 
 
 class Workspace:
-    """Runs by name (their folder names), opened once."""
+    """Runs by name (their folder names), opened once: ``Workspace.open("data/runs/demo")`` opens a folder of
+    runs (or run folders), ``Workspace(runs)`` takes runs already open, by name."""
 
     def __init__(self, runs: dict[str, Run]) -> None:
+        if not isinstance(runs, dict) or not all(isinstance(run, Run) for run in runs.values()):
+            given = type(runs).__name__ if not isinstance(runs, dict) else "a dict of other values"
+            hint = f"; to open the folder, Workspace.open({runs!r})" if isinstance(runs, str | os.PathLike) else ""
+            raise ArgumentError(f"Workspace(runs) takes a dict of open runs by name, not {given}{hint}")
         if not runs:
             raise RunNotFoundError("no runs to open")
         self.runs = runs

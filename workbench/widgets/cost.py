@@ -32,6 +32,9 @@ CPU_CAVEAT = ("On a CPU every kernel is deterministic: a 'default' run differs o
 
 
 class CostWidget(WorkbenchWidget):
+    """What deterministic mode costs in throughput, per configuration and per source, for the runs of
+    ``directory`` (default: ``runs_dir()``); see the module docstring."""
+
     css_class = "workbench-cost"
 
     def __init__(self, directory: str | Path | None = None) -> None:

@@ -42,6 +42,9 @@ KEPT_MATRICES = 2
 
 
 class DivergenceExplorer(WorkbenchWidget):
+    """Where two runs of ``directory`` (default: ``runs_dir()``) diverge: a heatmap of sites by steps, a click
+    shows that site's steps; ``reference`` and ``other`` pick the pair (see the module docstring)."""
+
     css_class = "workbench-explorer"
 
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,

@@ -32,6 +32,9 @@ from workbench.words import counted
 
 
 class LadderWidget(WorkbenchWidget):
+    """Runs of ``directory`` against the reference, layer by layer, with the noise floor and the seed-to-seed
+    spread (see the module docstring)."""
+
     css_class = "workbench-ladder"
 
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,

@@ -25,6 +25,9 @@ from workbench.words import counted
 
 
 class PairMatrixWidget(WorkbenchWidget):
+    """Every pair of the runs of ``directory`` at a glance (first divergent step, or identical); a click on a
+    cell opens its explorer (see the module docstring)."""
+
     css_class = "workbench-pairs"
 
     def __init__(self, directory: str | Path | None = None) -> None:

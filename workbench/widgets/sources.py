@@ -31,6 +31,9 @@ SHOWN = ["source", "where_it_acts", "first_step", "first_site", "floor_exit_step
 
 
 class SourcesWidget(WorkbenchWidget):
+    """Which nondeterminism source matters: each one alone against the reference, in an attribution study's
+    ``directory`` (see the module docstring)."""
+
     css_class = "workbench-sources"
 
     def __init__(self, directory: str | Path | None = None, *, stat: str = "l2") -> None:

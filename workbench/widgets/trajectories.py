@@ -42,6 +42,9 @@ _SCALARS = [name for name, dtype in SCALAR_FIELDS.items() if dtype.startswith("f
 
 
 class TrajectoryWidget(WorkbenchWidget):
+    """Any scalar, or any site's statistic, of several runs of ``directory`` against a reference (see the module
+    docstring)."""
+
     css_class = "workbench-trajectories"
 
     def __init__(self, directory: str | Path | None = None, *, runs: list[str] | None = None,
