@@ -1,24 +1,8 @@
 """The ``workbench`` command: thin verbs over the library, each verb's parser beside its handler.
 
-    workbench run CONFIG.toml [--out DIR] [--resume | --start-from CHECKPOINT] [--stop-after K] [--overwrite]
-                              [--against REF [--rtol X] [--keep-going]]
-    workbench sweep STUDY.toml [--out DIR]
-    workbench demo [--out DIR]
-    workbench ls DIR
-    workbench summary DIR
-    workbench compare A B [--json]
-    workbench check RUN --golden REF|FILE.json [--steps N] [--rtol X]
-    workbench golden RUN --out FILE.json [--megatron] [--steps N] [--interval K]
-    workbench figure heatmap|pairs|trajectories|ladder|sources|cost RUNS... -o FILE.pdf [--size column|page]
-                     [--data FILE.csv]
-    workbench resume-check RESUMED REFERENCE [--from-step K] [--floor RUN]
-    workbench report RUNS... -o report.html [--format html|pdf]
-    workbench import-te LOG... --out DIR [--name NAME]
-    workbench import-megatron LOGDIR --out DIR [--name NAME] [--tokens-per-step T]
-    workbench anomalies RUN [--spike-factor F] [--window N] [--follow]
-    workbench replay RUN --step K [--out DIR] [--trace] [--overwrite] [--json]
-    workbench bisect A B [--step K] [--out DIR] [--overwrite] [--json]
-    workbench upgrade RUN... [--dry-run]
+``workbench --help`` lists the verbs and ``workbench VERB --help`` gives each one's usage; the documentation's
+command-line reference (docs/cli-reference.md) is generated from these same parsers (``reference``), so it
+cannot drift from them.
 
 The verbs live by what they do: ``training`` (run, sweep, demo), ``reading`` (ls, summary, compare, check,
 golden, resume-check, anomalies), ``figures`` (figure, report), ``importing`` (import-te, import-megatron),
@@ -32,6 +16,7 @@ characters escaped (``terminal_safe``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -39,7 +24,7 @@ from workbench.cli import figures, importing, investigating, reading, stores, tr
 from workbench.cli._common import Parser, ProgressPrinter, terminal_safe
 from workbench.errors import NOT_YET, LaunchError, NotRecordedYetError, WorkbenchError
 
-__all__ = ["ProgressPrinter", "build_parser", "main", "terminal_safe"]
+__all__ = ["ProgressPrinter", "build_parser", "main", "reference", "terminal_safe"]
 
 
 def build_parser() -> Parser:
@@ -48,6 +33,24 @@ def build_parser() -> Parser:
     for group in (training, reading, figures, importing, investigating, stores):
         group.register(verbs)
     return parser
+
+
+def reference() -> str:
+    """The command-line reference in Markdown: for every verb, in ``workbench --help``'s order, its one-line help
+    and its full ``--help`` text (what the documentation site shows; generated, so it lists every verb)."""
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+
+    def text(command: argparse.ArgumentParser) -> str:  # 100 columns, whatever the terminal's width
+        command.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=100)
+        return command.format_help().rstrip()
+
+    verbs.metavar = "VERB"  # the verbs are listed below it, one per line
+    parts = ["```text", text(parser), "```"]
+    for verb in verbs._choices_actions:  # noqa: SLF001 - one per verb, its aliases in its metavar
+        parts += ["", f"## workbench {verb.dest}", "", verb.help or "", "", "```text",
+                  text(verbs.choices[verb.dest]), "```"]
+    return "\n".join(parts) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
