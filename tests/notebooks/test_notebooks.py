@@ -40,9 +40,12 @@ def test_there_are_seven_notebooks_without_committed_outputs() -> None:
 def _client(nb: nbformat.NotebookNode, cwd: Path, **options: object) -> NotebookClient:
     """A client whose kernel talks over Unix sockets in ``cwd`` (a test's own folder): with TCP, two suites side by
     side can pick the same free port between its choice and the kernel's bind (``ZMQError: Address already in
-    use``). The sockets' path is absolute, as the kernel runs in ``cwd`` and its client does not."""
+    use``). The sockets' path is absolute, as the kernel runs in ``cwd`` and its client does not. The kernel is
+    shut down after the run (kernels left running held the memory of every notebook of the session)."""
     kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(cwd / "kernel"))
-    return NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(cwd)}}, **options)
+    client = NotebookClient(nb, km=kernel, timeout=300, resources={"metadata": {"path": str(cwd)}}, **options)
+    client.owns_km = True  # shut the kernel down after the run, as for a manager of its own (given one, it would not)
+    return client
 
 
 def _say_slow_cells(nb: nbformat.NotebookNode, name: str, limit_s: float = 30.0) -> None:
