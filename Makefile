@@ -22,6 +22,9 @@ endif
 CURRENT := .venv-current
 FLOOR := .venv
 EXTRAS := train,notebooks,test
+# The floor environment also builds the documentation site (make lint, make docs): mkdocs reads the sources, it
+# imports nothing of torch.
+FLOOR_EXTRAS := $(EXTRAS),docs
 MEGATRON_OVERLAYS := 0.17.1 0.18.2
 # What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, the configurations it
 # refuses, the recorder's API, and Megatron-LM's own pretrain() recorded by the launcher (each release's signature).
@@ -46,7 +49,7 @@ MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser
 TIMES := build/test-times.jsonl
 timed = WORKBENCH_TEST_TIMES=$(CURDIR)/$(TIMES) WORKBENCH_TEST_PHASE="$(1)"
 
-.PHONY: setup environments demo test times test-current test-floor test-range lint bench clean chromium
+.PHONY: setup environments demo test times test-current test-floor test-range lint docs bench clean chromium
 
 # The two environments install side by side (each mostly waits on its downloads), then the overlays over
 # .venv-current; chromium beside them.
@@ -55,20 +58,20 @@ setup:
 
 environments: $(CURRENT)/.installed $(FLOOR)/.installed $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v)) chromium
 
-# $(1): venv folder, $(2): interpreter, $(3): what it is, $(4): constraints file
+# $(1): venv folder, $(2): interpreter, $(3): what it is, $(4): constraints file, $(5): extras
 define make_venv
 	@test -n "$(2)" || { echo "make: no Python $(3) found on PATH or under pyenv; pass $(if $(filter $(FLOOR),$(1)),FLOOR_PYTHON,CURRENT_PYTHON)=/path/to/python$(3)"; exit 1; }
 	test -x $(1)/bin/python || $(2) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
-	$(1)/bin/python -m pip install --quiet -c $(4) -e ".[$(EXTRAS)]"
+	$(1)/bin/python -m pip install --quiet -c $(4) -e ".[$(5)]"
 	touch $(1)/.installed
 endef
 
 $(CURRENT)/.installed: pyproject.toml constraints/current.txt
-	$(call make_venv,$(CURRENT),$(CURRENT_PYTHON),3.12,constraints/current.txt)
+	$(call make_venv,$(CURRENT),$(CURRENT_PYTHON),3.12,constraints/current.txt,$(EXTRAS))
 
 $(FLOOR)/.installed: pyproject.toml constraints/floor.txt
-	$(call make_venv,$(FLOOR),$(FLOOR_PYTHON),3.11,constraints/floor.txt)
+	$(call make_venv,$(FLOOR),$(FLOOR_PYTHON),3.11,constraints/floor.txt,$(FLOOR_EXTRAS))
 
 # megatron-core alone, for PYTHONPATH over .venv-current (its torch and everything else stay).
 $(CURRENT)/megatron-%: | $(CURRENT)/.installed
@@ -107,6 +110,12 @@ test-range: $(foreach v,$(MEGATRON_OVERLAYS),$(CURRENT)/megatron-$(v))
 lint: $(FLOOR)/.installed
 	$(FLOOR)/bin/ruff check workbench tests benchmarks data
 	$(FLOOR)/bin/mypy workbench
+	@$(MAKE) --no-print-directory docs
+
+# The documentation site, into build/site (open build/site/index.html); --strict: a broken link, a missing page
+# or an object the API page names that is not there fails the build.
+docs: $(FLOOR)/.installed
+	NO_MKDOCS_2_WARNING=1 $(FLOOR)/bin/mkdocs build --strict --quiet
 
 bench: $(CURRENT)/.installed
 	$(CURRENT)/bin/python benchmarks/step_time.py

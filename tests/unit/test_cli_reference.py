@@ -21,7 +21,7 @@ def test_the_reference_lists_every_verb_with_its_usage() -> None:
         assert section.split("```text\n", 1)[1].startswith(f"usage: workbench {name}"), name
     blocks = re.findall(r"```text\n(.*?)```", text, re.S)
     assert len(blocks) == len(names) + 1
-    assert max(len(line) for block in blocks for line in block.splitlines()) <= 100  # the same on every terminal
+    assert max(len(line) for block in blocks for line in block.splitlines()) <= 80  # the same on every terminal
 
 
 def test_the_command_keeps_no_usage_by_hand() -> None:

@@ -41,8 +41,8 @@ def reference() -> str:
     parser = build_parser()
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
 
-    def text(command: argparse.ArgumentParser) -> str:  # 100 columns, whatever the terminal's width
-        command.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=100)
+    def text(command: argparse.ArgumentParser) -> str:  # 80 columns, whatever the terminal's width
+        command.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=80)
         return command.format_help().rstrip()
 
     verbs.metavar = "VERB"  # the verbs are listed below it, one per line
