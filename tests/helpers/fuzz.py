@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import NOT_YET
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _WORKER = r"""
@@ -62,10 +64,11 @@ class Outcome:
 
     @property
     def answered(self) -> bool:
-        """A result (exit 0 or 1, something printed), or bad input said in one line (exit 2, or 3: not yet)."""
+        """A result (exit 0 or 1, something printed), or bad input said in one line (exit 2, or ``NOT_YET``: a run
+        that has not recorded yet)."""
         if self.rc in (0, 1):
             return bool(self.out.strip()) and "Traceback" not in self.out + self.err
-        if self.rc in (2, 3):  # progress lines may come first (a long import says how far it got)
+        if self.rc in (2, NOT_YET):  # progress lines may come first (a long import says how far it got)
             lines = self.err.strip().splitlines()
             return bool(lines) and lines[-1].startswith("workbench: ") and "Traceback" not in self.err \
                 and not any(line.startswith(("workbench: ", " ", "\t")) for line in lines[:-1])

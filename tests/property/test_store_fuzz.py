@@ -7,7 +7,7 @@ run on it in a process limited to 4 GiB of address space. It damages the example
 formats too (a line replaced, removed or repeated, a number made extreme, the file cut, flipped or garbage):
 ``import-te``, ``import-megatron`` and ``import-megatron-dumps`` (one file of a TP=2 dump folder) read them, and
 ``anomalies`` reads what they wrote. Each verb must print
-a result (exit 0 or 1), or say in one line what is wrong (exit 2, or 3 for a run that has not recorded yet):
+a result (exit 0 or 1), or say in one line what is wrong (exit 2, or ``NOT_YET`` for a run that has not recorded yet):
 never a traceback, a hang, or memory the files' claims asked for. The examples are derandomized, the same ones
 in every run (``WORKBENCH_FUZZ_EXAMPLES`` sets how many, 40 by default; ``WORKBENCH_FUZZ_RANDOM=1`` draws new
 ones).

@@ -3,6 +3,7 @@ a killed holder blocks nobody, nothing lands inside a run store, and a filesyste
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import multiprocessing
@@ -10,11 +11,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from workbench.errors import ArgumentError
+from workbench.store.synthetic import write_synthetic_run
 from workbench.store.writer_lock import LOCK_FILE, RunFolderBusy, acquire, writing
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -52,15 +55,17 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks
 
 
 def _race(run_dir: str, who: str, rounds: int, log: str) -> None:
-    """Each round: try to take the folder's lock; the holder writes its name into the folder's only file, twice,
-    with a pause between, and notes its win."""
+    """Each round: try to take the folder's lock; the holder writes its name into the folder's file, creates the
+    run store in the folder (named after itself) and writes the file again, and notes its win."""
+    from workbench.store.synthetic import write_synthetic_run
+
     for round_ in range(rounds):
         folder = Path(run_dir) / f"round{round_}"
         try:
             with writing(folder, writer=who):
-                for _ in range(2):
-                    (folder / "written-by").write_text(who)
-                    time.sleep(0.002)
+                (folder / "written-by").write_text(who)
+                write_synthetic_run(folder, steps=4, sites=2, name=who)
+                (folder / "written-by").write_text(who)
                 assert (folder / "written-by").read_text() == who, "another writer wrote while this one held it"
                 with open(log, "a") as out:
                     out.write(f"{round_} {who}\n")
@@ -69,7 +74,10 @@ def _race(run_dir: str, who: str, rounds: int, log: str) -> None:
 
 
 def test_two_writers_racing_for_many_folders_never_write_one_at_the_same_time(tmp_path: Path) -> None:
-    rounds = 200
+    """At the level of the lock and of the store's creation: each round's store is whole and the winner's."""
+    from workbench.store.reader import open_run
+
+    rounds = 30
     racers = [SPAWN.Process(target=_race, args=(str(tmp_path), who, rounds, str(tmp_path / "wins.log")))
               for who in ("a", "b")]
     for racer in racers:
@@ -81,7 +89,10 @@ def test_two_writers_racing_for_many_folders_never_write_one_at_the_same_time(tm
     # Each round has a winner, and whoever won alone wrote the folder's file: a loser never writes.
     assert len(wins) >= rounds and {int(w.split()[0]) for w in wins} == set(range(rounds))
     for round_ in range(rounds):
-        assert (tmp_path / f"round{round_}" / "written-by").read_text() in ("a", "b")
+        winner = (tmp_path / f"round{round_}" / "written-by").read_text()
+        run = open_run(tmp_path / f"round{round_}")
+        assert winner in ("a", "b") and run.name == winner and run.status == "complete"
+        assert len(run.fingerprints()) == 4  # whole: every step's row, one writer's
 
 
 @pytest.mark.parametrize("inside", ["other/run.zarr", "other/run.zarr/sites/deeper"])
@@ -206,3 +217,91 @@ def test_an_import_into_a_folder_another_process_writes_is_refused_before_it_wri
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(timeout=120)
+
+
+@contextlib.contextmanager
+def _held_by_another_thread(folder: Path, writer: str = "workbench run") -> Iterator[None]:
+    """``folder``'s lock, held by another thread (for the lock, another writer like any other) until the block
+    ends."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writing(folder, writer=writer):
+            holding.set()
+            done.wait(120)
+
+    holder = threading.Thread(target=hold, name="the-other-writer")
+    holder.start()
+    assert holding.wait(120)
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "data" / "examples"
+
+
+def _upgrade(tmp_path: Path, folder: Path) -> None:
+    from workbench.store.upgrade import upgrade_store
+
+    upgrade_store(folder)
+
+
+def _import_megatron(tmp_path: Path, folder: Path) -> None:
+    from workbench.importers.megatron_tb import import_megatron_tensorboard
+
+    import_megatron_tensorboard(EXAMPLES / "megatron_tb", folder)
+
+
+def _import_dumps(tmp_path: Path, folder: Path) -> None:
+    from tests.helpers.dumps import full_tensors, write_dumps
+    from workbench.megatron_lm.dumps import import_megatron_dumps
+
+    import_megatron_dumps(write_dumps(tmp_path / "save", 1, full_tensors()), folder, progress=lambda line: None)
+
+
+def _replay(tmp_path: Path, folder: Path) -> None:
+    from workbench.investigate.replay import replay
+    from workbench.store.manifest import RUNNER
+
+    original = write_synthetic_run(tmp_path / "orig", steps=12, written=8, status="stopped", producer=RUNNER)
+    replay(original, 3, out=folder)
+
+
+def _resume(tmp_path: Path, folder: Path) -> None:
+    from tests.helpers.training import tiny_config
+    from workbench.runner.launch import launch
+
+    launch(tiny_config("held"), folder, resume=True)
+
+
+def _bisect(tmp_path: Path, folder: Path) -> None:
+    from workbench.investigate.bisect import bisect
+
+    a = write_synthetic_run(tmp_path / "a", steps=6, sites=4, seed=1)
+    b = write_synthetic_run(tmp_path / "b", steps=6, sites=4, seed=1, diverge_at=(2, 1))
+    bisect(a, b, out=folder)
+
+
+WRITERS = {"upgrade": _upgrade, "import-megatron": _import_megatron, "import-megatron-dumps": _import_dumps,
+           "replay": _replay, "run --resume": _resume, "bisect": _bisect}
+"""Writers whose lock the tests above do not take already: each given a folder another writer holds."""
+
+
+@pytest.mark.parametrize("verb", sorted(WRITERS))
+def test_every_writer_is_refused_a_folder_another_writer_holds_before_it_writes(
+        tmp_path: Path, verb: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workbench.runner.launch._spawn", lambda *args: pytest.fail("a run was launched"))
+    folder = tmp_path / "held"
+    if verb == "upgrade":
+        write_synthetic_run(folder, steps=8, sites=4, schema_version=2)
+    before = _files(folder) if folder.exists() else []
+    with _held_by_another_thread(folder), pytest.raises(RunFolderBusy, match="is being written by workbench run"):
+        WRITERS[verb](tmp_path, folder)
+    assert _files(folder) == sorted({*before, LOCK_FILE}), f"{verb} wrote into a folder it did not hold"

@@ -32,6 +32,7 @@ from workbench.errors import ArgumentError
 from workbench.investigate.replay import Replay, replay
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import Run, open_run
+from workbench.store.writer_lock import writing
 
 
 @dataclass(frozen=True)
@@ -97,38 +98,41 @@ def bisect(a_path: str | Path, b_path: str | Path, *, step: int | None = None, o
         raise ArgumentError(f"--step {step} is not a step both runs recorded "
                           f"({result.common_steps[0]}..{result.common_steps[-1]})")
     out_dir = Path(out) if out is not None else default_bisect_dir(a, b)
-    if step is None:
-        return _finish(Bisect(a=a.name, b=b.name, step=None, site=None, origin_sites=[], operation=None,
-                              skipped="the runs are identical", replays=[], seconds=time.perf_counter() - started,
-                              out=out_dir))
-    first = result.first_difference([step])
-    site = None if first is None else first.site
-    origins = result.origin_sites if step == result.first_step else []
-    skipped = None
-    if a.manifest.layout.pp > 1 or b.manifest.layout.pp > 1:
-        skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
-    elif a.manifest.layout.ep > 1 or b.manifest.layout.ep > 1:
-        skipped = ("operation tracing supports EP = 1 only: the expert-parallel ranks run different experts' "
-                   "operations, and the trace of one rank does not hold the others'")
-    replays: list[Replay] = []
-    operation = None
-    note = None
-    if skipped is None:
-        replays = _traced_replays(a, b, step, out_dir, overwrite=overwrite, progress=progress)
-        if not set(range(step)) <= set(result.common_steps):
-            # The stores skipped steps before this one; the replays recorded every step from their
-            # checkpoints, so they can tell whether the runs parted earlier.
-            earlier = compare(open_run(replays[0].run_dir).records(), open_run(replays[1].run_dir).records())
-            if earlier.first_step is not None and earlier.first_step < step:
-                note = (f"the stores first differ at recorded step {step}; the replays, which record every step, "
-                        f"first differ at step {earlier.first_step}")
-                step, site, origins = earlier.first_step, earlier.first_site, earlier.origin_sites
-                replays = _traced_replays(a, b, step, out_dir, overwrite=True, progress=progress)
-        operation = first_operation(open_run(replays[0].run_dir).op_trace(step),
-                                    open_run(replays[1].run_dir).op_trace(step))
-    return _finish(Bisect(a=a.name, b=b.name, step=step, site=site, origin_sites=origins, operation=operation,
-                          skipped=skipped, replays=replays, seconds=time.perf_counter() - started, out=out_dir,
-                          note=note))
+    # one bisect of a pair at a time: its folder holds both replays and the verdict (each replay's own run
+    # folder is locked by the replay)
+    with writing(out_dir, writer="workbench bisect"):
+        if step is None:
+            return _finish(Bisect(a=a.name, b=b.name, step=None, site=None, origin_sites=[], operation=None,
+                                  skipped="the runs are identical", replays=[], seconds=time.perf_counter() - started,
+                                  out=out_dir))
+        first = result.first_difference([step])
+        site = None if first is None else first.site
+        origins = result.origin_sites if step == result.first_step else []
+        skipped = None
+        if a.manifest.layout.pp > 1 or b.manifest.layout.pp > 1:
+            skipped = "operation tracing supports PP = 1 only (stages run their operations in different processes)"
+        elif a.manifest.layout.ep > 1 or b.manifest.layout.ep > 1:
+            skipped = ("operation tracing supports EP = 1 only: the expert-parallel ranks run different experts' "
+                       "operations, and the trace of one rank does not hold the others'")
+        replays: list[Replay] = []
+        operation = None
+        note = None
+        if skipped is None:
+            replays = _traced_replays(a, b, step, out_dir, overwrite=overwrite, progress=progress)
+            if not set(range(step)) <= set(result.common_steps):
+                # The stores skipped steps before this one; the replays recorded every step from their
+                # checkpoints, so they can tell whether the runs parted earlier.
+                earlier = compare(open_run(replays[0].run_dir).records(), open_run(replays[1].run_dir).records())
+                if earlier.first_step is not None and earlier.first_step < step:
+                    note = (f"the stores first differ at recorded step {step}; the replays, which record every step, "
+                            f"first differ at step {earlier.first_step}")
+                    step, site, origins = earlier.first_step, earlier.first_site, earlier.origin_sites
+                    replays = _traced_replays(a, b, step, out_dir, overwrite=True, progress=progress)
+            operation = first_operation(open_run(replays[0].run_dir).op_trace(step),
+                                        open_run(replays[1].run_dir).op_trace(step))
+        return _finish(Bisect(a=a.name, b=b.name, step=step, site=site, origin_sites=origins, operation=operation,
+                              skipped=skipped, replays=replays, seconds=time.perf_counter() - started, out=out_dir,
+                              note=note))
 
 
 def _traced_replays(a: Run, b: Run, step: int, out_dir: Path, *, overwrite: bool,
