@@ -225,6 +225,17 @@ def test_what_a_killed_upgrade_left_is_reclaimed_by_the_next_writer(tmp_path: Pa
     assert sites.is_dir() and not set_aside.exists() and open_run(old).records().stats.load().equals(before)
 
 
+def test_what_a_killed_run_left_beside_its_store_is_reclaimed_by_the_next_run(tmp_path: Path) -> None:
+    """A run killed while its store was being built leaves ``.run.zarr.creating-PID``; the next writer of the
+    folder (which holds its lock) removes it, and leaves alone one of a process still alive."""
+    run_dir = tmp_path / "run"
+    dead, alive = run_dir / f".run.zarr.creating-{2**22 + 12345}", run_dir / f".run.zarr.creating-{os.getppid()}"
+    for leftover in (dead, alive):
+        (leftover / "scalars").mkdir(parents=True)
+    write_synthetic_run(run_dir, steps=4)
+    assert not dead.exists() and alive.exists() and open_run(run_dir).status == "complete"
+
+
 def test_the_workspace_keeps_few_statistics_of_a_run_that_reads_them_apart(tmp_path: Path) -> None:
     old, new = _pair(tmp_path)
     write_synthetic_run(tmp_path / "v3" / "b", steps=STEPS, sites=SITES, seed=4, diverge_at=(20, 5))
