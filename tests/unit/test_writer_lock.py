@@ -77,7 +77,7 @@ def test_two_writers_racing_for_many_folders_never_write_one_at_the_same_time(tm
     """At the level of the lock and of the store's creation: each round's store is whole and the winner's."""
     from workbench.store.reader import open_run
 
-    rounds = 30
+    rounds = 20
     racers = [SPAWN.Process(target=_race, args=(str(tmp_path), who, rounds, str(tmp_path / "wins.log")))
               for who in ("a", "b")]
     for racer in racers:

@@ -152,7 +152,7 @@ def _plain(value: Any) -> Any:
 class RunStoreContract:
     """The contract's tests (see the module docstring); a subclass gives ``produced``."""
 
-    damaged_files = 12
+    damaged_files = 8
     """How many of the store's files the damage test damages (spread over its sorted files)."""
 
     @pytest.fixture(scope="class")
