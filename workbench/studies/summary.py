@@ -97,6 +97,8 @@ def _digits(count: int, kind: str) -> Callable[[float], str]:
 
 
 def summarise_study(directory: str | Path) -> StudySummary:
+    """The findings of a folder of runs (what ``workbench summary DIR`` prints): each run's role, the pairs that
+    differ and where, the noise floor of the repeats, and what determinism cost."""
     if not find_runs(directory):
         raise RunNotFoundError(f"{directory}: no runs here; create some with `workbench sweep STUDY.toml`")
     return summarise(Workspace.open(directory))
