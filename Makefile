@@ -21,10 +21,10 @@ FLOOR_PYTHON := $(call find_python,3.11)
 endif
 CURRENT := .venv-current
 FLOOR := .venv
-EXTRAS := train,notebooks,test
-# The floor environment also builds the documentation site (make lint, make docs): mkdocs reads the sources, it
-# imports nothing of torch.
-FLOOR_EXTRAS := $(EXTRAS),docs
+# docs: mkdocs, which builds the documentation site (make lint and make docs in the floor environment; the browser
+# test renders it from the current one); it reads the sources and imports nothing of torch.
+EXTRAS := train,notebooks,test,docs
+FLOOR_EXTRAS := $(EXTRAS)
 MEGATRON_OVERLAYS := 0.17.1 0.18.2
 # What the overlays run: a user's own loop recorded with record(...), at TP=2 and PP=2, the configurations it
 # refuses, the recorder's API, and Megatron-LM's own pretrain() recorded by the launcher (each release's signature).
