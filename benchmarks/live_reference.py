@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.analysis.live import load_reference
 from workbench.config import RunConfig
+from workbench.recorder.reference import load_reference
 from workbench.runner.launch import launch
 from workbench.statistics import STAT_NAMES
 from workbench.store.reader import open_run

@@ -1,14 +1,16 @@
 """Update latency and memory of the widgets on a 10,000-step x 1,000-site pair of runs, store layouts side by side.
 
     python benchmarks/widget_latency.py [--dir /tmp/workbench-scale] [--steps 10000] [--sites 1000]
-                                        [--variants 2:zarr 3:zarr 3:direct]
+                                        [--variants 2:zarr 3:zarr 3:direct] [--code . /tmp/before]
 
 Uses (and, the first time, writes) the synthetic pair of ``benchmarks/scale.py`` in each store layout, and
 measures each variant (``SCHEMA:READER``) in a fresh process of its own, one after the other, then prints them
 side by side. Schema 2: every statistic of 64 steps in one chunk; 3: one statistic per chunk, in shards.
 Reader ``zarr``: every array read through zarr-python (``store.chunk_files`` switched off in that process);
 ``direct``: the store's own arrays read from their chunk files (``layout.read``, the default). ``2:zarr`` is
-the code before schema 3, ``3:direct`` the code now. Memory: the process's
+the code before schema 3, ``3:direct`` the code now. ``--code``: measure each variant with the ``workbench``
+package of each checkout named (``git worktree add /tmp/before REV``), one after the other, side by side in one
+run (default: this checkout alone). Memory: the process's
 resident memory after the widgets' imports, after opening the explorer and its background work, and at the
 end of the interactions below (the explorer's session alone; the other widgets follow). Times the
 Python side of each interaction (filters, binning, figure build, FigureWidget update;
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -65,6 +68,8 @@ def main() -> None:
     parser = pair_parser(__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["2:zarr", "3:zarr", "3:direct"],
                         help="SCHEMA:READER, READER zarr or direct")
+    parser.add_argument("--code", nargs="+", type=Path, default=[Path(__file__).resolve().parents[1]],
+                        help="checkouts whose workbench package each variant is measured with (default: this one)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # a measuring process, of this variant
     args = parser.parse_args()
     if args.measure is None:
@@ -85,25 +90,36 @@ def compare_layouts(args: argparse.Namespace) -> None:
     for variant in args.variants:
         ensure_pair(args.dir, args.steps, args.sites, _variant(variant)[0])
     results = {}
-    for variant in args.variants:
+    columns = [(variant, code) for variant in args.variants for code in args.code]
+    for variant, code in columns:
         command = [sys.executable, __file__, "--dir", str(args.dir), "--steps", str(args.steps), "--sites",
                    str(args.sites), "--repeats", str(args.repeats), "--measure", variant]
-        done = subprocess.run(command, check=True, capture_output=True, text=True)
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
-    labels = [row[0] for row in results[args.variants[0]]]
-    header = "".join(f"{'schema ' + v.replace(':', ', '):>22}" for v in args.variants)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+        results[variant, code] = json.loads(done.stdout.strip().splitlines()[-1])
+    labels = [row[0] for row in results[columns[0]]]
+    named = {code: (_revision(code) if len(args.code) > 1 else "") for code in args.code}
+    header = "".join(f"{'schema ' + v.replace(':', ', ') + named[c]:>30}" for v, c in columns)
     sys.stdout.write(f"{args.steps} steps x {args.sites} sites; each variant measured in a process of its own "
                      f"(first, then median of {args.repeats} later changes where two figures)\n")
     sys.stdout.write(f"{'':<58}{header}\n")
     for i, label in enumerate(labels):
         cells = []
-        for v in args.variants:
-            _, first, later = results[v][i]
+        for column in columns:
+            _, first, later = results[column][i] if i < len(results[column]) else (label, float("nan"), None)
             unit = "MB" if label.startswith("memory") else "ms"
             scale = 1 if unit == "MB" else 1000
             cell = f"{scale * first:.0f}" + (f" / {scale * later:.0f}" if later is not None else "") + f" {unit}"
-            cells.append(f"{cell:>22}")
+            cells.append(f"{cell:>30}")
         sys.stdout.write(f"{label:<58}{''.join(cells)}\n")
+
+
+def _revision(code: Path) -> str:
+    """`` @ REV`` of a checkout: its commit, and ``+`` if its files differ from it."""
+    head = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    return f" @ {head.stdout.strip() or code.name}{'+' if dirty.stdout.strip() else ''}"
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -118,7 +134,7 @@ def measure(args: argparse.Namespace) -> None:
     if reader == "zarr":
         from workbench.store import chunk_files
 
-        chunk_files.read_selection = lambda node, selection: None  # every read through zarr-python
+        chunk_files.read_selection = lambda node, selection, **_: None  # every read through zarr-python
     imported = rss_mb()
     row("memory: the process once the widgets are imported (MB)", imported)
 

@@ -37,7 +37,7 @@ from workbench.store.reader import Run, find_runs, list_runs, open_run
 from workbench.store.writer_lock import RunFolderBusy
 
 if TYPE_CHECKING:
-    from workbench.analysis.compare import Comparison, compare, compare_runs
+    from workbench.analysis.compare import Comparison, compare
     from workbench.analysis.difference import labelled_difference
     from workbench.analysis.findings import describe
     from workbench.analysis.golden import golden_check
@@ -45,11 +45,12 @@ if TYPE_CHECKING:
     from workbench.investigate.bisect import bisect
     from workbench.investigate.replay import replay
     from workbench.recorder.session import record
+    from workbench.studies.comparing import compare_runs
     from workbench.studies.summary import summarise_study
     from workbench.studies.workspace import Workspace, runs_dir
 
 _LAZY = {"Comparison": "workbench.analysis.compare", "compare": "workbench.analysis.compare",
-         "compare_runs": "workbench.analysis.compare", "labelled_difference": "workbench.analysis.difference",
+         "compare_runs": "workbench.studies.comparing", "labelled_difference": "workbench.analysis.difference",
          "describe": "workbench.analysis.findings", "golden_check": "workbench.analysis.golden",
          "resume_check": "workbench.analysis.resume", "bisect": "workbench.investigate.bisect",
          "replay": "workbench.investigate.replay", "record": "workbench.recorder.session",

@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "runner": {"foundation", "store", "analysis", "recorder"},
     "investigate": {"foundation", "store", "analysis", "figures", "runner"},
     "megatron_lm": {"foundation", "store", "analysis", "importers", "recorder", "runner"},
-    "testing": {"foundation", "store", "analysis"},
+    "testing": {"foundation", "store", "analysis", "studies"},
 }
 """The layers each layer may import (its own always); the command line and the package's
 ``__init__`` may import any. ``testing`` (the run-store contract and the damage the tests draw from) is for the
@@ -127,3 +127,47 @@ def import_cycles() -> list[list[str]]:
         if v not in index:
             strong(v)
     return cycles
+
+
+PURE_STORE_MODULES = {"workbench.store.records"}
+"""What ``analysis`` may import from ``store`` at run time: the records a reader hands it, no reader."""
+FILE_MODULES = {"os", "io", "shutil", "pathlib", "tempfile", "glob", "zarr", "fsspec", "h5py", "sqlite3",
+                "workbench.untrusted"}
+"""Modules whose import means reading or writing files."""
+FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "rmdir", "touch",
+              "iterdir", "rglob", "is_file", "is_dir", "to_csv", "to_parquet", "to_zarr", "open_zarr",
+              "open_dataset", "read_csv", "to_netcdf", "savez"}
+"""Functions and methods that read or write files (``Path.read_text``, ``DataFrame.to_csv`` ...): a call of any of
+these names is taken as file I/O."""
+FILE_FUNCTIONS = {("json", "load"), ("json", "dump"), ("pickle", "load"), ("pickle", "dump"), ("np", "load"),
+                  ("np", "save"), ("numpy", "load"), ("numpy", "save")}
+"""Module functions that read or write files (``json.load``; ``json.loads`` reads a string)."""
+
+
+def file_io(path: Path) -> list[str]:
+    """What in a source file reads or writes files, or imports a reader (at run time), as 'line: what'."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for imported, _ in imports(path, typing=False):
+        if imported.startswith("workbench.store") and imported not in PURE_STORE_MODULES:
+            found.append(f"imports {imported}")
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped |= {id(child) for child in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in FILE_MODULES
+                      or a.name in FILE_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.module and (node.module.split(".")[0] in FILE_MODULES
+                                                                    or node.module in FILE_MODULES):
+            found.append(f"{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else (func.attr if isinstance(func, ast.Attribute) else None)
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+            if name in FILE_CALLS or (owner, name) in FILE_FUNCTIONS:
+                found.append(f"{node.lineno}: {name}(...)")
+    return found

@@ -149,19 +149,18 @@ def test_the_decoded_size_a_frame_declares(size: int) -> None:
     assert chunk_files._content_size(b"not a zstd frame") is None
 
 
-def test_a_yielding_read_waits_before_each_file_and_decodes_in_its_own_thread(
+def test_a_pausing_read_waits_before_each_file_and_decodes_in_its_own_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    values = np.random.default_rng(2).standard_normal((300, 1000))  # 2.4 MB: threaded unless yielding
+    values = np.random.default_rng(2).standard_normal((300, 1000))  # 2.4 MB: threaded unless it pauses
     node = _array(tmp_path, "stats", values, chunks=(64, 1000))
     waits: list[int] = []
     monkeypatch.setattr(chunk_files, "_THREADS", 2)
 
     def no_pool() -> None:
-        raise AssertionError("a yielding read handed its files to the shared threads")
+        raise AssertionError("a pausing read handed its files to the shared threads")
 
     monkeypatch.setattr(chunk_files, "_pool", no_pool)
-    with chunk_files.yielding(lambda: waits.append(1)):
-        _same(chunk_files.read_selection(node, slice(10, 290)), node, slice(10, 290))
+    _same(chunk_files.read_selection(node, slice(10, 290), pause=lambda: waits.append(1)), node, slice(10, 290))
     assert len(waits) == 5  # files 0..4
-    with pytest.raises(AssertionError, match="shared threads"):  # outside the block: threaded again
+    with pytest.raises(AssertionError, match="shared threads"):  # a read without pause: threaded
         chunk_files.read_selection(node, slice(None))

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.analysis.golden_values import GoldenValues, read_golden_values
+from workbench.analysis.golden_values import GoldenValues, parse_golden_values
 from workbench.cli import main as cli
 from workbench.config import load_run_config
+from workbench.store.golden_file import read_golden_document
 from workbench.store.reader import open_run
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -29,12 +30,12 @@ TE_LAYERS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.lin
 
 @pytest.fixture(scope="module")
 def golden() -> GoldenValues:
-    return read_golden_values(GOLDEN)
+    return parse_golden_values(read_golden_document(GOLDEN), str(GOLDEN))
 
 
 @pytest.fixture(scope="module")
 def megatron_golden() -> GoldenValues:
-    return read_golden_values(MEGATRON_GOLDEN)
+    return parse_golden_values(read_golden_document(MEGATRON_GOLDEN), str(MEGATRON_GOLDEN))
 
 
 def test_the_golden_files_parse_and_cover_the_example_runs_steps(golden: GoldenValues,

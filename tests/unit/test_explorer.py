@@ -39,15 +39,16 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_no_whole_statisti
     site = explorer.selected[0]
     reads: list[tuple[str, object]] = []
     statistic = Run.statistic
-    monkeypatch.setattr(Run, "statistic",
-                        lambda self, name, steps=None: (reads.append((name, steps)), statistic(self, name, steps))[1])
+    monkeypatch.setattr(Run, "statistic", lambda self, name, steps=None, **kw: (
+        reads.append((name, steps)), statistic(self, name, steps, **kw))[1])
 
     explorer.stat.value = "max"
     assert reads == []  # neither the heatmap nor the site's detail read the statistic again
     # schema 3: no statistic held whole, nor the fingerprints; schema 2: every statistic, read in one pass
-    assert set(ws._stat_values) == (set() if schema_version == 3 else {(n, s) for n in "ab" for s in STAT_NAMES})
-    assert set(ws._records) == (set() if schema_version == 3 else {"a", "b"})
-    assert explorer._matrices == {}  # a view of every step holds step bins, not the full matrix
+    held = ws.holding.keys("statistics")
+    assert held == (set() if schema_version == 3 else {(n, s) for n in "ab" for s in STAT_NAMES})
+    assert ws.holding.keys("records") == (set() if schema_version == 3 else {"a", "b"})
+    assert ws.holding.keys("matrices") == set()  # a view of every step holds step bins, not the full matrix
     result = ws.comparison("a", "b")
     values = (open_run(a).statistic("max"), open_run(b).statistic("max"))
     expected = divergence_heatmap(result, "max", matrix=heatmap_matrix(result, "max", values=values))
@@ -59,14 +60,14 @@ def test_a_new_statistic_is_drawn_from_what_was_read_ahead_and_no_whole_statisti
     reads.clear()
     explorer.steps.value = (20, 100)  # a range of steps: its rows alone, read when asked and dropped
     assert reads == ([("max", (20, 100))] * 2 if schema_version == 3 else [])  # schema 2: held already
-    assert list(explorer._matrices) == [("a", "b", "max", 20, 100)]
-    matrix = explorer._matrices[("a", "b", "max", 20, 100)]
+    assert ws.holding.keys("matrices") == {("a", "b", "max", 20, 100)}
+    matrix = ws.holding.peek("matrices", ("a", "b", "max", 20, 100))
     assert matrix.columns.tolist() == list(range(20, 101))
     np.testing.assert_array_equal(matrix.to_numpy(), heatmap_matrix(result, "max", values=values).loc[
         matrix.index, 20:100].to_numpy())  # the same cells as the whole matrix's
     assert sent(explorer.heatmap.data[0].x).tolist() == list(range(20, 101))
     if schema_version == 3:
-        assert set(ws._stat_values) == set()
+        assert ws.holding.keys("statistics") == set()
 
 
 def test_a_clicked_sites_other_statistics_are_read_ahead_and_its_series_kept_not_the_statistic(
@@ -79,13 +80,13 @@ def test_a_clicked_sites_other_statistics_are_read_ahead_and_its_series_kept_not
     other = next(s for s in ws.runs["a"].site_names() if explorer.selected and s != explorer.selected[0])
     explorer.show_site(other, 80)  # read now (both runs' l2), then its other statistics in the background
     assert ws.preloaded(timeout=300)
-    assert set(ws._stat_values) == set()
-    assert {(n, s) for n, s, kept_site in ws._site_series if kept_site == other} == {
+    assert ws.holding.keys("statistics") == set()
+    assert {(n, s) for n, s, kept_site in ws.holding.keys("series") if kept_site == other} == {
         (n, s) for n in "ab" for s in STAT_NAMES}
     reads: list[str] = []
     statistic = Run.statistic
-    monkeypatch.setattr(Run, "statistic",
-                        lambda self, name, steps=None: (reads.append(name), statistic(self, name, steps))[1])
+    monkeypatch.setattr(Run, "statistic", lambda self, name, steps=None, **kw: (
+        reads.append(name), statistic(self, name, steps, **kw))[1])
     explorer.stat.value = "absmax"
     assert reads == []  # step bins and the clicked site's series, both read ahead
     detail = {t.name: sent(t.y) for t in explorer.detail.data if t.name in ("a", "b") and t.yaxis in (None, "y")}
@@ -104,11 +105,11 @@ def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Pa
     site = widget.site.value
     reads: list[str] = []
     statistic = Run.statistic
-    monkeypatch.setattr(Run, "statistic",
-                        lambda self, name, steps=None: (reads.append(name), statistic(self, name, steps))[1])
+    monkeypatch.setattr(Run, "statistic", lambda self, name, steps=None, **kw: (
+        reads.append(name), statistic(self, name, steps, **kw))[1])
     widget.stat.value = "max"
     assert reads == []  # read ahead for this site, and not kept whole
-    assert not any(stat == "max" for _, stat in ws._stat_values)
+    assert not any(stat == "max" for _, stat in ws.holding.keys("statistics"))
     for name, path in zip("ab", paths, strict=True):
         np.testing.assert_array_equal(widget.plotted[name].to_numpy(),
                                       open_run(path).statistic("max").sel(site=site).to_numpy())
@@ -116,23 +117,22 @@ def test_the_trajectory_widget_reads_a_sites_other_statistics_ahead(tmp_path: Pa
     other = next(s for s in widget.site.options if s != site)
     widget.site.value = other  # another site: read when chosen, and its other statistics read ahead
     assert ws.preloaded(timeout=300)
-    held = {stat for _, stat in ws._stat_values}
+    held = {stat for _, stat in ws.holding.keys("statistics")}
     assert held == {"l2", "max"}  # the two shown, kept whole: nothing else
     # each other statistic of each run read once (the two held are taken from memory)
     assert sorted(reads) == sorted(2 * [s for s in STAT_NAMES if s != "l2"])
     reads.clear()
     widget.stat.value = "min"
-    assert reads == [] and not any(key[2] == site for key in ws._site_series)  # the earlier site's dropped
+    assert reads == [] and not any(key[2] == site for key in ws.holding.keys("series"))  # the earlier site's dropped
 
 
 def test_a_statistic_the_background_is_computing_is_waited_for_not_read_again(tmp_path: Path) -> None:
-    # The view holds the workspace's foreground, and the background's reads wait for it file by file: a view
+    # The view holds the workspace's foreground, and the background's reads pause for it file by file: a view
     # that waited on those very bins with the foreground held would wait forever. It lets the background run.
     import contextlib
     import threading
 
-    from workbench.store import chunk_files
-    from workbench.widgets import explorer as explorer_module
+    from workbench.figures.divergence import StepBins
 
     write_synthetic_run(tmp_path / "a", steps=150, sites=600, seed=4)
     write_synthetic_run(tmp_path / "b", steps=150, sites=600, seed=4, diverge_at=(70, 5))
@@ -140,12 +140,10 @@ def test_a_statistic_the_background_is_computing_is_waited_for_not_read_again(tm
     ws = explorer.workspace
     assert ws is not None and ws.preloaded(timeout=300)
     key = ("a", "b", "max")
-    explorer._overviews.pop(key, None)
-    done = explorer._computing[key] = threading.Event()
+    ws.holding.drop("step_bins", unless=lambda held: held != key)
     computed: list[object] = []
-
-    view_waits = threading.Event()
-    behind = ws.behind_background
+    begun, view_waits = threading.Event(), threading.Event()
+    behind = ws.ahead.behind_background
 
     @contextlib.contextmanager
     def behind_and_said():  # type: ignore[no-untyped-def]
@@ -153,22 +151,25 @@ def test_a_statistic_the_background_is_computing_is_waited_for_not_read_again(tm
             view_waits.set()
             yield
 
-    ws.behind_background = behind_and_said  # type: ignore[method-assign]
+    ws.ahead.behind_background = behind_and_said  # type: ignore[method-assign]
 
-    def background() -> None:  # a read-ahead task under way when the view begins
+    def compute() -> StepBins:  # a read-ahead task under way when the view begins
+        begun.set()
         view_waits.wait(timeout=5)  # (never set without behind_background: then the reads below wait forever)
-        with chunk_files.yielding(ws._wait_for_views):
-            explorer_module._overview_of(ws, explorer._overviews, key)  # its reads wait while the view is drawn
-        computed.append(explorer._overviews[key])
-        del explorer._computing[key]
-        done.set()
+        values = tuple(ws.peek_stat_values(n, "max", pause=ws.ahead.pause) for n in "ab")  # pausing for the view
+        return StepBins.of_values(ws.comparison("a", "b"), values)  # type: ignore[arg-type]
 
-    threading.Thread(target=background, daemon=True).start()
+    background = threading.Thread(target=lambda: computed.append(ws.holding.once(
+        "step_bins", key, compute, contextlib.nullcontext)), daemon=True)
+    background.start()
+    assert begun.wait(timeout=60)
     view = threading.Thread(target=lambda: setattr(explorer.stat, "value", "max"), daemon=True)
     view.start()
     view.join(timeout=60)
     assert not view.is_alive(), "the view and the background waited for each other"
-    assert computed and explorer._overviews[key] is computed[0]  # the view drew the background's bins
+    background.join(timeout=60)
+    assert computed and computed[0][1]  # the background computed the bins ...
+    assert ws.holding.peek("step_bins", key) is computed[0][0]  # ... and the view drew them, computing none
 
 
 def _click(explorer: DivergenceExplorer, trace: int, step: int, site: str) -> None:

@@ -13,15 +13,22 @@ import pytest
 
 from workbench.analysis.golden_values import (
     GoldenFileError,
+    GoldenValues,
     golden_values_check,
     megatron_golden_values,
-    read_golden_values,
+    parse_golden_values,
     weights_fingerprints,
     workbench_golden_values,
-    write_golden_values,
 )
 from workbench.cli import main as cli
 from workbench.statistics import FINGERPRINT_VERSION
+from workbench.store.golden_file import read_golden_document
+from workbench.store.golden_file import write_golden_document as write_golden_values
+
+
+def read_golden_values(path: Path) -> GoldenValues:
+    """A golden file read as the command line reads it: the document from disk, then its values."""
+    return parse_golden_values(read_golden_document(path), str(path))
 
 
 def scalars(steps: int = 50, seed: int = 0) -> pd.DataFrame:

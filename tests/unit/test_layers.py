@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.layers import ALLOWED, LAZY_ONLY, PACKAGE, import_cycles, imports, layer_of
+from tests.helpers.layers import ALLOWED, LAZY_ONLY, PACKAGE, file_io, import_cycles, imports, layer_of
 
 
 def test_every_layer_imports_only_the_layers_below_it() -> None:
@@ -29,6 +29,22 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("from workbench.figures.style import footer\n\ndef f():\n    import workbench.runner.launch\n")
     assert imports(bad) == [("workbench.figures.style", False), ("workbench.runner.launch", True)]
     assert "figures" not in ALLOWED["analysis"] and layer_of("workbench.figures.style") == "figures"
+
+
+def test_analysis_reads_and_writes_no_file() -> None:
+    # analysis computes on what it is handed: the records of runs, tables, golden values; opening runs, reading
+    # store blocks and reading or writing files belong to store/ and to the callers (studies, the command line)
+    found = {path.name: file_io(path) for path in sorted((PACKAGE / "analysis").glob("*.py"))}
+    assert not {name: what for name, what in found.items() if what}
+
+
+def test_the_file_check_sees_reads_writes_and_readers(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import json\nfrom pathlib import Path\nfrom workbench.store.reader import open_run\n"
+                   "from workbench.store.records import RunRecords\n"
+                   "def f(p):\n    json.load(open(p))\n    p.write_text('x')\n    return json.dumps({})\n")
+    assert sorted(file_io(bad)) == ["2: from pathlib import ...", "6: load(...)", "6: open(...)",
+                                    "7: write_text(...)", "imports workbench.store.reader"]
 
 
 def test_no_modules_import_one_another_in_a_circle() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from workbench.analysis import compare
 from workbench.analysis.golden_values import GoldenValues, weights_fingerprints
-from workbench.analysis.live import LiveReference, load_reference
+from workbench.analysis.live import LiveReference
+from workbench.recorder.reference import load_reference
 from workbench.statistics import STAT_NAMES
 from workbench.store.reader import open_run
 from workbench.store.synthetic import write_synthetic_run

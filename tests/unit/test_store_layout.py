@@ -15,7 +15,6 @@ import xarray as xr
 import zarr
 
 from workbench.analysis import compare
-from workbench.analysis.compare import compare_runs
 from workbench.cli import main
 from workbench.errors import ArgumentError, DamagedStoreError, RunNotFoundError
 from workbench.statistics import STAT_NAMES
@@ -32,7 +31,9 @@ from workbench.store.writer import (
     set_status,
     update_manifest,
 )
-from workbench.studies.workspace import KEPT_STATISTICS, Workspace
+from workbench.studies.comparing import compare_runs
+from workbench.studies.holding import KEPT_STATISTICS
+from workbench.studies.workspace import Workspace
 
 STEPS, SITES = 150, 600  # three shards, the last one partly filled; one statistic per chunk from 512 sites on
 
@@ -246,7 +247,7 @@ def test_the_workspace_keeps_few_statistics_of_a_run_that_reads_them_apart(tmp_p
         expected = open_run(new).statistic(stat).to_numpy()
         np.testing.assert_array_equal(ws.stat_values("a", stat).to_numpy(), expected)
         ws.relative_difference("a", "b", stat)
-    kept = {stat for (name, stat) in ws._stat_values if name == "a"}
+    kept = {stat for (name, stat) in ws.holding.keys("statistics") if name == "a"}
     assert kept == set(shown[-KEPT_STATISTICS:])
     assert ws.derived_bytes() == KEPT_STATISTICS * STEPS * SITES * 8  # the relative differences of those alone
     assert ws.relative_difference("a", "b", "l2").sel(step=19).max() == 0  # read again: equal before step 20
@@ -290,6 +291,21 @@ def test_a_comparison_from_the_folds_is_the_one_compare_makes(
     assert max(read) == steps_b
     old = write_synthetic_run(tmp_path / "old", steps=300, sites=40, seed=1, schema_version=2)
     assert compare_runs(open_run(a), open_run(old)) is None  # no folds: compare the records
+
+
+@pytest.mark.parametrize("diverge_at", [None, (3, 2)])
+def test_a_run_that_has_not_written_a_whole_block_compares_from_the_folds_too(
+        tmp_path: Path, diverge_at: tuple[int, int] | None) -> None:
+    # no fold of either run covers the 5 rows both wrote (the fold of a block is written when its 64 rows are)
+    a = write_synthetic_run(tmp_path / "a", steps=300, sites=40, seed=1)
+    b = write_synthetic_run(tmp_path / "b", steps=300, sites=40, seed=1, diverge_at=diverge_at, written=5,
+                            status="running")
+    expected = compare(open_run(a).records(), open_run(b).records())
+    got = compare_runs(open_run(a), open_run(b))
+    assert got is not None and got.common_steps == expected.common_steps == list(range(5))
+    assert (got.first_step, got.first_site, got.origin_sites) == (expected.first_step, expected.first_site,
+                                                                  expected.origin_sites)
+    pd.testing.assert_series_equal(got.frontier, expected.frontier)
 
 
 def test_a_fold_that_disagrees_with_its_rows_is_damage(tmp_path: Path) -> None:

@@ -46,20 +46,20 @@ def test_views_read_ahead_after_the_statistics_within_the_budget(tmp_path: Path,
 
     def view(stat: str) -> int:
         ran.append(stat)
-        assert ("a", stat) in ws._stat_values, "a view computed before the statistics were read"
+        assert ("a", stat) in ws.holding.keys("statistics"), "a view computed before the statistics were read"
         if stat == "min":
             raise ValueError("a view that fails is skipped")
         ws.relative_difference("a", "b", stat)
         return 0
 
-    ws.read_ahead([lambda stat=stat: view(stat) for stat in ("max", "min", "l2")])
+    ws.read_ahead([lambda pause, stat=stat: view(stat) for stat in ("max", "min", "l2")])
     assert ws.preloaded(timeout=120)  # waits for the read-ahead too
     assert ran == ["max", "min", "l2"] and ws.derived_bytes() == 2 * 40 * 30 * 8
 
     one_view = 40 * 30 * 8 / 2**20
     monkeypatch.setenv(PRELOAD_ENV, str(1.5 * one_view))  # room for the first view only
     ws, ran = Workspace.open(tmp_path), []
-    ws.read_ahead([lambda stat=stat: (ran.append(stat), ws.relative_difference("a", "b", stat).nbytes * 0)[1]
+    ws.read_ahead([lambda pause, stat=stat: (ran.append(stat), ws.relative_difference("a", "b", stat).nbytes * 0)[1]
                    for stat in ("max", "l2", "sum")])
     assert ws.preloaded(timeout=120)
     assert ran == ["max", "l2"]  # the second ran while there was room; the third found none
@@ -79,12 +79,12 @@ def test_the_background_waits_while_a_view_is_drawn_and_runs_when_the_view_waits
     ws = Workspace.open(tmp_path)
     ran: list[str] = []
     with ws.foreground():
-        ws.read_ahead([lambda: (ran.append("first"), 0)[1]])
+        ws.read_ahead([lambda pause: (ran.append("first"), 0)[1]])
         time.sleep(0.3)
         assert ran == []  # not begun while the view is drawn
-        with ws.behind_background():  # the view waits for the background's work: it runs
+        with ws.ahead.behind_background():  # the view waits for the background's work: it runs
             assert _poll(lambda: ran == ["first"])
-        ws.read_ahead([lambda: (ran.append("second"), 0)[1]])
+        ws.read_ahead([lambda pause: (ran.append("second"), 0)[1]])
         time.sleep(0.3)
         assert ran == ["first"]
     assert _poll(lambda: ran == ["first", "second"])  # the view is drawn: the background goes on
@@ -96,15 +96,15 @@ def test_a_background_read_waits_file_by_file_for_the_view(tmp_path: Path) -> No
     ws = Workspace.open(tmp_path)
     expected = Workspace.open(tmp_path).stat_values("a", "max").to_numpy()
     waits: list[str] = []
-    real_wait = ws._wait_for_views
+    real_pause = ws.ahead.pause
 
-    def wait() -> None:
+    def pause() -> None:
         waits.append(threading.current_thread().name)
-        real_wait()
+        real_pause()
 
-    ws._wait_for_views = wait  # type: ignore[method-assign]
+    ws.ahead.pause = pause  # type: ignore[method-assign]
     got: list[np.ndarray] = []
-    ws.read_ahead([lambda: (got.append(ws.peek_stat_values("a", "max").to_numpy()), 0)[1]])
+    ws.read_ahead([lambda pause: (got.append(ws.peek_stat_values("a", "max", pause=pause).to_numpy()), 0)[1]])
     assert ws.preloaded(timeout=60)
     assert len(got) == 1
     assert len(waits) >= 1 + 200 // 64 and set(waits) == {"read-ahead"}  # before the task, then before each file
@@ -128,8 +128,8 @@ def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fi
                       stat="max")
     pd.testing.assert_frame_equal(got.per_layer, expected.per_layer)
     pd.testing.assert_frame_equal(got.summary, expected.summary)
-    assert ws._records == {} and ws._stat_values == {}  # read for it and dropped
-    assert all(ws.comparison("a", n).relative_bytes() == 0 for n in "bc")
+    assert ws.holding.keys("records") == set() and ws.holding.keys("statistics") == set()  # read and dropped
+    assert ws.derived_bytes() == 0  # nor the relative differences made from them
 
     reads: list[str] = []
     records, rows = Run.records, Run.fingerprint_rows
@@ -139,7 +139,7 @@ def test_a_ladder_of_stores_that_read_statistics_apart_holds_no_statistic_nor_fi
                         lambda self, start, stop: (read_rows.append(stop - start), rows(self, start, stop))[1])
     ws = Workspace.open(tmp_path)
     matrix = ws.pair_matrix()
-    assert reads == [] and ws._records == {}  # compared from the folds: no run's fingerprints read whole
+    assert reads == [] and ws.holding.keys("records") == set()  # from the folds: no run's fingerprints read whole
     assert read_rows and max(read_rows) <= 64  # a block of rows at most, of the 150
     assert matrix.first_step.loc["a", "b"] == 70 and matrix.first_step.loc["a", "c"] == 90
     assert matrix.first_step.loc["b", "c"] == 70

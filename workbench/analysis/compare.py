@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,9 +34,6 @@ from workbench.analysis.growth import amplification
 from workbench.errors import IncomparableRunsError
 from workbench.sites import KINDS, site_id, split_site
 from workbench.store.records import RunRecords
-
-if TYPE_CHECKING:
-    from workbench.store.reader import Run
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,6 @@ class Comparison:
     equal_cells: Callable[[], pd.DataFrame] = field(repr=False, compare=False)
     """What makes ``equal`` (called once, when it is first asked for)."""
     warnings: list[str] = field(default_factory=list)
-    _relative: dict[str, xr.DataArray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def identical(self) -> bool:
@@ -67,8 +63,8 @@ class Comparison:
 
     @cached_property
     def equal(self) -> pd.DataFrame:
-        """bool (step x site): fingerprints equal. A comparison from the stores' folds (``compare_runs``) reads
-        the fingerprints for it only now."""
+        """bool (step x site): fingerprints equal. A comparison from the stores' folds
+        (``studies.comparing.compare_runs``) reads the fingerprints for it only now."""
         return self.equal_cells()
 
     @cached_property
@@ -82,28 +78,18 @@ class Comparison:
         return first_true(~(self.equal if steps is None else self.equal.loc[steps]))
 
     def relative(self, stat: str, values: tuple[xr.DataArray, xr.DataArray] | None = None) -> xr.DataArray:
-        """``relative_difference`` of one statistic (step x site), in memory, computed once per statistic.
-        ``values``: the two runs' (step, site) values of ``stat`` where the caller holds them already."""
-        if stat not in self._relative:
-            if values is not None:
-                x, y = (_aligned_stats(v, self.common_steps, self.common_sites) for v in values)
-                rel = relative_difference(x, y)
-            else:
-                rel = self.relative_difference.sel(stat=stat)
-            self._relative[stat] = rel.load()
-        return self._relative[stat]
+        """``relative_difference`` of one statistic (step x site), computed into memory now (a comparison keeps
+        nothing: whoever wants it again holds it, as ``Workspace.relative_difference`` does). ``values``: the two
+        runs' (step, site) values of ``stat`` where the caller holds them already."""
+        if values is not None:
+            x, y = (_aligned_stats(v, self.common_steps, self.common_sites) for v in values)
+            return relative_difference(x, y).load()
+        return self.relative_difference.sel(stat=stat).load()
 
-    def forget(self, stat: str) -> None:
-        """Drop the relative difference of ``stat`` that ``relative`` keeps (computed again when asked for)."""
-        self._relative.pop(stat, None)
-
-    def relative_bytes(self) -> int:
-        """Memory held by the relative differences ``relative`` computed so far."""
-        return sum(int(r.nbytes) for r in list(self._relative.values()))
-
-    def largest_differences(self, stat: str = "l2", count: int = 5) -> pd.Series:
-        """The ``count`` sites with the largest relative difference of ``stat`` at the last common step."""
-        last = self.relative(stat).isel(step=-1).to_series()
+    def largest_differences(self, stat: str = "l2", count: int = 5, *, rel: xr.DataArray | None = None) -> pd.Series:
+        """The ``count`` sites with the largest relative difference of ``stat`` at the last common step (``rel``:
+        that relative difference, where the caller holds it)."""
+        last = (self.relative(stat) if rel is None else rel).isel(step=-1).to_series()
         return last.dropna().sort_values(ascending=False).head(count)
 
     def summary(self, *, escape: Callable[[str], str] = str) -> str:
@@ -121,7 +107,8 @@ class Comparison:
         lines += [f"first divergent step: {self.first_step}", f"first divergent site: {escape(str(self.first_site))}",
                   f"origin sites at that step: {escape(', '.join(self.origin_sites))}",
                   f"sites that ever differ: {len(self.frontier)} of {len(self.common_sites)}"]
-        growth = amplification(self)
+        rel = self.relative("l2")
+        growth = amplification(self, "l2", rel=rel)
         if growth.rate == growth.rate:  # not NaN: at least two steps with a difference
             lines.append(f"growth of the relative L2 difference after step {self.first_step}: {growth.rate:+.3f} "
                          f"decades per step (median over sites: {growth.overall.loc[self.first_step]:.2e} at step "
@@ -129,12 +116,13 @@ class Comparison:
             if growth.saturation_step is not None:
                 lines.append(f"saturates at step {growth.saturation_step}, at {growth.plateau:.2e}")
         lines.append("largest relative differences of the L2 norm at the last common step:")
-        lines += [f"  {value:10.3e}  {escape(site)}" for site, value in self.largest_differences().items()]
+        lines += [f"  {value:10.3e}  {escape(site)}" for site, value in self.largest_differences(rel=rel).items()]
         return "\n".join(lines)
 
     def to_dict(self, *, growth: bool = False) -> dict[str, Any]:
         """The result as JSON-ready data; with ``growth``, also how fast the gap grows (``growth.amplification``:
         decades per step, the step it saturates at and its plateau; None where undefined)."""
+        rel = self.relative("l2")
         out = {
             "a": self.a,
             "b": self.b,
@@ -147,11 +135,11 @@ class Comparison:
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
             "frontier": {site: int(step) for site, step in self.frontier.items()},
-            "largest_differences": {site: float(v) for site, v in self.largest_differences().items()},
+            "largest_differences": {site: float(v) for site, v in self.largest_differences(rel=rel).items()},
             "warnings": self.warnings,
         }
         if growth:
-            found = amplification(self)
+            found = amplification(self, "l2", rel=rel)
             out.update(growth_log10_per_step=_finite_or_none(found.rate), saturation_step=found.saturation_step,
                        plateau=_finite_or_none(found.plateau))
         return out
@@ -163,13 +151,14 @@ def _finite_or_none(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What ``_check_comparable`` needs of a run."""
+    """What ``check_comparable`` needs of a run."""
     name: str
     model: dict[str, Any]
     status: str
 
 
-def _check_comparable(a: RunRecords | RunFacts, b: RunRecords | RunFacts) -> list[str]:
+def check_comparable(a: RunRecords | RunFacts, b: RunRecords | RunFacts) -> list[str]:
+    """Refuse two runs of different models; the warnings of runs not finished."""
     if a.model and b.model and a.model != b.model:
         changed = sorted(k for k in set(a.model) | set(b.model) if a.model.get(k) != b.model.get(k))
         raise IncomparableRunsError(
@@ -222,7 +211,7 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
     runs' statistics are (``Run.records()`` gives Dask-backed arrays), so a comparison of
     stores larger than memory computes only what is asked of it.
     """
-    warnings = _check_comparable(a, b)
+    warnings = check_comparable(a, b)
     steps = sorted(set(a.steps) & set(b.steps))
     in_b = set(b.sites)
     sites = [s for s in a.sites if s in in_b]  # a's execution order
@@ -246,53 +235,8 @@ def compare(a: RunRecords, b: RunRecords) -> Comparison:
         only_in_b={"steps": sorted(set(b.steps) - set(steps)), "sites": [s for s in b.sites if s not in in_a]},
         first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         origin_sites=[] if first is None else origin_sites(equal.loc[first.step]), frontier=frontier,
-        statistics=partial(_both_aligned, a.stats, b.stats, steps, sites),  # holds no fingerprints
+        statistics=partial(both_aligned, a.stats, b.stats, steps, sites),  # holds no fingerprints
         equal_cells=lambda: equal, warnings=warnings)
-
-
-def compare_runs(a: Run, b: Run) -> Comparison | None:
-    """``compare(a.records(), b.records())`` without reading either run's fingerprints whole, where both stores
-    fold them block by block (schema 3) and record the same steps in the same rows: the first divergence and
-    the frontier from the folds and the rows of the blocks where a site first differs
-    (``store.blocks.block_frontier``), the origins from the first divergent step's row, the statistics lazy;
-    the fingerprints are read only when ``Comparison.equal`` is asked for. None where that does not apply
-    (then ``compare`` the records)."""
-    from workbench.store.blocks import block_frontier  # reading stores: not needed by ``compare``
-
-    if not (a.has_bin_fingerprints and b.has_bin_fingerprints):
-        return None
-    warnings = _check_comparable(*(RunFacts(run.name, run.manifest.model.shape() if run.manifest.model else {},
-                                            run.status) for run in (a, b)))
-    found = block_frontier(a, b)
-    steps_a, steps_b = a.recorded_step_numbers(), b.recorded_step_numbers()
-    if found is None or not all((np.diff(s) > 0).all() for s in (steps_a, steps_b)):
-        return None  # rows that do not line up by step (or a step recorded twice): ``compare`` aligns them
-    n, sites, (columns_a, columns_b) = len(found.steps), found.sites, found.columns
-    steps = [int(s) for s in found.steps]
-
-    def common_columns(run: Run, columns: np.ndarray, start: int, stop: int) -> np.ndarray:
-        rows = run.fingerprint_rows(start, stop)
-        return rows if np.array_equal(columns, np.arange(rows.shape[1])) else rows[:, columns]  # no copy: all, in order
-
-    def equal_rows(start: int, stop: int) -> np.ndarray:
-        return common_columns(a, columns_a, start, stop) == common_columns(b, columns_b, start, stop)
-
-    def equal_cells() -> pd.DataFrame:
-        return pd.DataFrame(equal_rows(0, n), index=pd.Index(steps, name="step"), columns=sites, copy=False)
-
-    origins = []
-    if found.first_step is not None:
-        row = steps.index(found.first_step)
-        origins = origin_sites(pd.Series(equal_rows(row, row + 1)[0], index=sites))
-    names_a, names_b = a.site_names(), b.site_names()
-    in_a, in_b = set(names_a), set(names_b)
-    return Comparison(
-        a=a.name, b=b.name, common_steps=steps, common_sites=sites,
-        only_in_a={"steps": [int(s) for s in steps_a[n:]], "sites": [s for s in names_a if s not in in_b]},
-        only_in_b={"steps": [int(s) for s in steps_b[n:]], "sites": [s for s in names_b if s not in in_a]},
-        first_step=found.first_step, first_site=found.first_site, origin_sites=origins, frontier=found.frontier,
-        statistics=lambda: _both_aligned(a.statistics(), b.statistics(), steps, sites),
-        equal_cells=equal_cells, warnings=warnings)
 
 
 def _aligned(frame: pd.DataFrame, steps: list[int], sites: list[str]) -> np.ndarray:
@@ -302,7 +246,7 @@ def _aligned(frame: pd.DataFrame, steps: list[int], sites: list[str]) -> np.ndar
     return frame.loc[steps, sites].to_numpy()
 
 
-def _both_aligned(a: xr.DataArray, b: xr.DataArray, steps: list[int],
+def both_aligned(a: xr.DataArray, b: xr.DataArray, steps: list[int],
                   sites: list[str]) -> tuple[xr.DataArray, xr.DataArray]:
     return _aligned_stats(a, steps, sites), _aligned_stats(b, steps, sites)
 

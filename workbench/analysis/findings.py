@@ -20,7 +20,7 @@ from workbench.store.records import RunRecords
 
 
 def _largest(result: Comparison) -> float:
-    rel = result.relative("l2").isel(step=-1)
+    rel = result.relative_difference.sel(stat="l2").isel(step=-1)  # the last step alone
     return float(rel.max(skipna=True)) if rel.size else 0.0
 
 

@@ -22,18 +22,15 @@ Two formats, told apart by their content:
   tolerance: with ``rtol`` the weights are not checked, and the check says so).
 
 Steps in this module are the store's, 0-based; Megatron's iteration ``k`` is step ``k - 1``.
-Imports no torch.
+Imports no torch, and reads no file: ``store.golden_file`` reads and writes them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +39,6 @@ import pandas as pd
 from workbench.analysis.golden import Difference, GoldenCheck, scalar_check
 from workbench.errors import ArgumentError, GoldenFileError
 from workbench.statistics import FINGERPRINT_VERSION
-from workbench.untrusted import JsonRefused, strict_json
 
 WORKBENCH_FORMAT = "workbench-golden-values"
 MEGATRON_METRICS: dict[str, str] = {"lm loss": "loss", "grad-norm": "grad_norm", "learning-rate": "lr",
@@ -135,20 +131,6 @@ def megatron_golden_values(scalars: pd.DataFrame, *, steps: int | None = None, i
     return out
 
 
-def write_golden_values(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, allow_nan=False)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_text(text + "\n")
-        partial.replace(path)  # a reader sees the old file or the whole new one
-    except BaseException:
-        partial.unlink(missing_ok=True)  # a failed write (path is a folder, the disk is full) leaves nothing
-        raise
-    return path
-
-
 # -- reading -----------------------------------------------------------------------------
 
 def _number(value: Any, where: str) -> float:
@@ -159,23 +141,14 @@ def _number(value: Any, where: str) -> float:
     raise GoldenFileError(f"{where}: {value!r} is not a number (or \"nan\")")
 
 
-def read_golden_values(path: str | os.PathLike[str]) -> GoldenValues:
-    """A golden file of either format; ``GoldenFileError`` in one line for anything else."""
-    path = Path(path)
-    if not path.is_file():
-        raise GoldenFileError(f"{path}: no such golden-values file")
-    try:
-        data = strict_json(path)  # bounded; Megatron's own NaN is the string "nan", never the literal
-    except JsonRefused as err:
-        raise GoldenFileError(f"{path}: refused: {err}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise GoldenFileError(f"{path}: not JSON ({err}); expected Megatron-LM's golden_values_*.json format "
-                              f"or a {WORKBENCH_FORMAT!r} file (`workbench golden RUN --out FILE`)") from None
+def parse_golden_values(data: Any, source: str) -> GoldenValues:
+    """The golden values of a golden file's JSON (``store.golden_file.read_golden_document``), of either format;
+    ``GoldenFileError`` in one line, naming ``source``, for anything else."""
     if isinstance(data, dict) and data.get("format") == WORKBENCH_FORMAT:
-        return _workbench(data, str(path))
+        return _workbench(data, source)
     if isinstance(data, dict) and data and all(isinstance(v, dict) and "values" in v for v in data.values()):
-        return _megatron(data, str(path))
-    raise GoldenFileError(f"{path}: neither Megatron-LM's golden-values format (per metric: start_step, end_step, "
+        return _megatron(data, source)
+    raise GoldenFileError(f"{source}: neither Megatron-LM's golden-values format (per metric: start_step, end_step, "
                           f"step_interval, values) nor a {WORKBENCH_FORMAT!r} file")
 
 

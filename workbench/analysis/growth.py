@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 if TYPE_CHECKING:  # compare builds on growth (a comparison's summary says how fast the gap grows)
     from workbench.analysis.compare import Comparison
@@ -135,10 +136,11 @@ def _knee_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         return r, y0 + a - r * x0, np.where(np.isfinite(sse), sse, np.inf)
 
 
-def amplification(result: Comparison, stat: str = "l2") -> Amplification:
+def amplification(result: Comparison, stat: str = "l2", *, rel: xr.DataArray | None = None) -> Amplification:
     """Growth of ``stat``'s relative difference after ``result.first_step``: how fast (decades per
-    step), for how long (until ``saturation_step``) and up to where (``plateau``)."""
-    rel = result.relative(stat).transpose("step", "site")
+    step), for how long (until ``saturation_step``) and up to where (``plateau``). ``rel``: that relative
+    difference (``Comparison.relative``), where the caller holds it."""
+    rel = (result.relative(stat) if rel is None else rel).transpose("step", "site")
     values = np.asarray(rel.to_numpy(), dtype=float)  # [step, site]: no copy of a float array
     steps, sites = rel["step"].to_numpy(), rel.indexes["site"]
     starts = result.frontier.reindex(sites).fillna(-1).astype(int).to_numpy()  # -1: never differs

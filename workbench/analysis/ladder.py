@@ -13,10 +13,12 @@ so one tiny bias cannot hide a layer and one large outlier cannot speak for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.analysis.growth import amplification, row_nanmedian
@@ -34,9 +36,10 @@ def sites_in_model_order(sites: list[str]) -> list[str]:
     return sorted(sites, key=lambda s: (rank[layer_label(s)], kinds.get(split_site(s)[0], len(kinds)), position[s]))
 
 
-def per_layer_error(result: Comparison, stat: str = "l2") -> pd.DataFrame:
-    """step x layer (model order): median over each layer's sites of the relative difference of ``stat``."""
-    rel = result.relative(stat).transpose("step", "site")
+def per_layer_error(result: Comparison, stat: str = "l2", *, rel: xr.DataArray | None = None) -> pd.DataFrame:
+    """step x layer (model order): median over each layer's sites of the relative difference of ``stat``
+    (``rel``, where the caller holds it)."""
+    rel = (result.relative(stat) if rel is None else rel).transpose("step", "site")
     values = rel.to_numpy()
     labels = np.array([layer_label(str(s)) for s in rel["site"].to_numpy()])
     order = layer_order(sorted(set(labels.tolist())))
@@ -85,13 +88,16 @@ def ladder(reference: RunRecords, others: list[RunRecords], *, floor: NoiseFloor
 
 
 def ladder_of(reference: str, comparisons: list[Comparison], *, stat: str = "l2",
-              floor_checks: dict[str, FloorCheck] | None = None) -> Ladder:
+              floor_checks: dict[str, FloorCheck] | None = None,
+              relatives: Mapping[str, xr.DataArray] | None = None) -> Ladder:
     """``ladder`` from the comparisons of ``reference`` with each run (``Comparison.b``) and, per run, whether
-    it leaves the noise floor (``noise_floor.leaves_floor``; none given: no floor): no run's records needed."""
+    it leaves the noise floor (``noise_floor.leaves_floor``; none given: no floor): no run's records needed.
+    ``relatives``: per run, the relative difference of ``stat`` where the caller holds it (else computed)."""
     frames, rows = [], []
     for result in comparisons:
         name = result.b
-        long = per_layer_error(result, stat).stack().rename("relative_error").reset_index()
+        rel = relatives[name] if relatives is not None and name in relatives else result.relative(stat)
+        long = per_layer_error(result, stat, rel=rel).stack().rename("relative_error").reset_index()
         long.insert(0, "run", name)
         frames.append(long)
         exit_step = exit_site = exit_layer = None
@@ -99,8 +105,8 @@ def ladder_of(reference: str, comparisons: list[Comparison], *, stat: str = "l2"
         if check is not None and not check.inside:
             exit_step, exit_site = check.first_step, check.first_site
             exit_layer = layer_label(str(exit_site))
-        last = result.relative(stat).isel(step=-1).to_numpy().astype(float)
-        growth = amplification(result, stat)
+        last = rel.isel(step=-1).to_numpy().astype(float)
+        growth = amplification(result, stat, rel=rel)
         rows.append({"run": name, "identical": result.identical, "first_step": result.first_step,
                      "first_site": result.first_site, "floor_exit_step": exit_step, "floor_exit_site": exit_site,
                      "floor_exit_layer": exit_layer, "growth": growth.rate,

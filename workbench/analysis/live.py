@@ -1,8 +1,8 @@
 """A reference a run is compared with while it trains: at each flush, the steps just flushed against the
 reference's, so that a run that departs at step k is stopped within one flush of k.
 
-    live = load_reference("data/runs/ci/reference")     # a reference store: every site's fingerprint
-    live = load_reference("golden.json", rtol=1e-6)     # a golden file: the weights' fingerprint, the scalars
+    live = LiveReference.of_run(records, run_id=...)    # a reference store: every site's fingerprint
+    live = LiveReference.of_golden(golden, rtol=1e-6)   # a golden file: the weights' fingerprint, the scalars
     live.refusal(model=..., steps=[...])                # the reason it cannot serve as a reference, or None
     departure = live.sites(steps, sites, fingerprints, stats)   # rank 0, as a flush lands
     departure = departure or live.scalars(step, row)            # rank 0, as each step's scalars are written
@@ -20,16 +20,15 @@ failed, step by step:
   infinity; exact without ``rtol``, and with it a metric departs once more of its steps have failed than
   its approximate test lets through over the whole file (``min(max(n // 100, 1), 50)``).
 
-Pure: numpy and pandas, no torch; the recorder (``recorder.live``) feeds it on global rank 0.
+Pure: numpy and pandas, no torch, no file read (``recorder.live.load_reference`` opens the reference); the
+recorder (``recorder.live``) feeds it on global rank 0.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,13 +38,11 @@ from workbench.analysis.golden_values import (
     GoldenValues,
     megatron_allowance,
     megatron_close,
-    read_golden_values,
     weights_fingerprints,
 )
 from workbench.analysis.tolerance import TOLERANCE_SCALARS, scalar_differences, site_differences
-from workbench.errors import ArgumentError, IncomparableRunsError
+from workbench.errors import ArgumentError
 from workbench.statistics import STAT_NAMES
-from workbench.store.reader import open_run
 from workbench.store.records import RunRecords
 
 _UNTIMED = ("step_time", "tokens_per_s", "recorder_time")
@@ -71,13 +68,13 @@ class Departure:
     def summary(self) -> str:
         return f"departed from {self.reference} at step {self.step}: {self.site}: {self.detail}"
 
-    def verdict(self, run: str, against: str, *, stopped_after: int | None) -> str:
+    def verdict(self, run: str, against: str, *, stopped_after: int | None, against_a_run: bool) -> str:
         """What the run's command prints: where it departed, where it stopped, and what to run next (a replay of
-        the step from the checkpoint before it; a bisect where the reference is a run)."""
+        the step from the checkpoint before it; a bisect where the reference is a run, ``against_a_run``)."""
         stop = f"stopped after step {stopped_after}" if stopped_after is not None else "trained on (--keep-going)"
         lines = [f"DIVERGED: {run} {self.summary()}; {stop}",
                  f"  next: workbench replay {run} --step {self.step} --trace"]
-        if not Path(against).is_file():
+        if against_a_run:
             lines.append(f"        workbench bisect {against} {run} --step {self.step}")
         return "\n".join(lines)
 
@@ -254,17 +251,3 @@ class LiveReference:
                 extra = f" ({self._failures[name]} steps failed, {allowed} allowed)" if allowed else ""
                 return Departure(step, name, f"{float(actual[0])!r} vs {float(ref[0])!r}{extra}", self.reference)
         return None
-
-
-def load_reference(path: str | os.PathLike[str], *, rtol: float | None = None) -> LiveReference:
-    """The reference at ``path``: a run folder (its store's records), or a golden-values JSON file (the
-    workbench's or Megatron-LM's)."""
-    path = Path(path)
-    if path.is_file() or path.suffix == ".json":
-        return LiveReference.of_golden(read_golden_values(path), rtol=rtol)
-    run = open_run(path)
-    if not run.has_sites:
-        raise IncomparableRunsError(f"{path}: no per-site records to follow while training (an imported or "
-                                    "unrecorded run); check the run against it afterwards: workbench check RUN "
-                                    f"--golden {path}")
-    return LiveReference.of_run(run.records(), run_id=run.run_id, rtol=rtol)

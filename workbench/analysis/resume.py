@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from workbench.analysis.compare import Comparison, compare
 from workbench.errors import ArgumentError, IncomparableRunsError
-from workbench.store.reader import Run, open_run
 from workbench.store.records import RunRecords
 
 
@@ -138,16 +136,3 @@ def resume_check(resumed: RunRecords, reference: RunRecords, *, from_step: int |
                        differing_sites=0 if first is None else first.count, gaps=gaps,
                        floor=floor.name if floor is not None else None,
                        floor_gaps=floor_gaps)
-
-
-def check_resumed_run(resumed: Run, reference: Run, *, from_step: int | None = None,
-                      floor: Run | None = None) -> ResumeCheck:
-    """``resume_check`` of two runs. The floor defaults to the run whose checkpoint ``resumed`` started from
-    (its manifest's ``started_from``, at another layout) where that folder still exists and is not ``reference``
-    itself: checked against the run it started from, there is no distance to measure a floor by."""
-    if floor is None and resumed.manifest.started_from is not None:
-        writer = Path(str(resumed.manifest.started_from.get("run")))
-        if writer.is_dir() and writer.resolve() != reference.path.resolve():
-            floor = open_run(writer)
-    return resume_check(resumed.records(), reference.records(), from_step=from_step,
-                        floor=floor.records() if floor is not None else None)

@@ -34,12 +34,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from workbench.errors import EmptyTraceError
-from workbench.store.op_trace import TracedTensor
+
+if TYPE_CHECKING:  # the traces come read (store.op_trace): only their type here
+    from workbench.store.op_trace import TracedTensor
 
 Key = tuple[str, int, str, str, int]
 """(phase, micro-batch, scope, op, occurrence)"""

@@ -75,11 +75,11 @@ def _add_compare(verbs: argparse._SubParsersAction) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from workbench.analysis import compare
     from workbench.store.reader import open_run
+    from workbench.studies.comparing import compare_stores
 
     a, b = open_run(args.a), open_run(args.b)
-    result = compare(a.records(), b.records())
+    result = compare_stores(a, b, cells=True)  # every cell read: a damaged chunk of either run is found
     facts = environment.difference(a.manifest.runtime, b.manifest.runtime)
     if args.json:
         print(json.dumps({**result.to_dict(growth=True), "environment": facts.to_dict()}, indent=1, default=str))
@@ -107,9 +107,10 @@ def _check(args: argparse.Namespace) -> int:
 
     run = open_run(args.run)
     if isinstance(args.golden, Path) and (args.golden.suffix == ".json" or args.golden.is_file()):  # a file
-        from workbench.analysis.golden_values import golden_values_check, read_golden_values, weights_fingerprints
+        from workbench.analysis.golden_values import golden_values_check, parse_golden_values, weights_fingerprints
+        from workbench.store.golden_file import read_golden_document
 
-        golden = read_golden_values(args.golden)
+        golden = parse_golden_values(read_golden_document(args.golden), str(args.golden))
         weights = weights_fingerprints(run.fingerprints()) if golden.weights is not None and run.has_sites else None
         check = golden_values_check(run.scalars, weights, golden, run=run.name, rtol=args.rtol, steps=args.steps)
         theirs = golden.environment
@@ -142,8 +143,8 @@ def _golden(args: argparse.Namespace) -> int:
         megatron_golden_values,
         weights_fingerprints,
         workbench_golden_values,
-        write_golden_values,
     )
+    from workbench.store.golden_file import write_golden_document
     from workbench.store.reader import open_run
 
     run = open_run(args.run)
@@ -153,7 +154,7 @@ def _golden(args: argparse.Namespace) -> int:
         weights = weights_fingerprints(run.fingerprints()) if run.has_sites else None
         data = workbench_golden_values(run.scalars, weights, run=run.name, steps=args.steps,
                                        environment=run.manifest.runtime)
-    path = write_golden_values(data, args.out)
+    path = write_golden_document(data, args.out)
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, "
           f"{'Megatron-LM format' if args.megatron else 'workbench format, bitwise'})")
     return 0
@@ -175,8 +176,8 @@ def _add_resume_check(verbs: argparse._SubParsersAction) -> None:
 
 
 def _resume_check(args: argparse.Namespace) -> int:
-    from workbench.analysis.resume import check_resumed_run
     from workbench.store.reader import open_run
+    from workbench.studies.comparing import check_resumed_run
 
     check = check_resumed_run(open_run(args.resumed), open_run(args.reference), from_step=args.from_step,
                               floor=open_run(args.floor) if args.floor is not None else None)

@@ -72,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         diverged = open_run(run_dir).attrs.get("diverged")
         if diverged is not None:
             print_safe(Departure.from_dict(diverged).verdict(str(run_dir), str(args.against),
-                                                             stopped_after=diverged.get("stopped_after")))
+                                                             stopped_after=diverged.get("stopped_after"),
+                                                             against_a_run=Path(args.against).is_dir()))
             return 1
         print_safe(f"{cfg.name}: followed {args.against} at every compared step")
     return 0

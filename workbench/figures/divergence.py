@@ -316,20 +316,22 @@ def _mark_layers(fig: go.Figure, rows: list[str]) -> None:
                                    line=dict(color="white", width=1)) for i in starts[1:]])
 
 
-def amplification_figure(result: Comparison, stat: str = "l2", *,
-                         provenance: Provenance | None = None) -> go.Figure:
-    """Relative difference against step on a log scale, per layer, with the fitted overall growth."""
+def amplification_figure(result: Comparison, stat: str = "l2", *, provenance: Provenance | None = None,
+                         relative: xr.DataArray | None = None) -> go.Figure:
+    """Relative difference against step on a log scale, per layer, with the fitted overall growth (``relative``:
+    the relative difference of ``stat``, where the caller holds it, as ``Workspace.relative_difference``)."""
     fig = go.Figure()
     if result.identical:
         apply_style(fig, title=f"{result.a} vs {result.b}: bitwise identical, nothing to amplify",
                     provenance=provenance)
         return fig
-    table = per_layer_error(result, stat).loc[result.first_step:]
+    relative = result.relative(stat) if relative is None else relative
+    table = per_layer_error(result, stat, rel=relative).loc[result.first_step:]
     for i, layer in enumerate(table.columns):
         series = table[layer].where(table[layer] > 0)
         fig.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=str(layer),
                                  line=dict(**line_style(i), width=1.6)))
-    growth = amplification(result, stat)
+    growth = amplification(result, stat, rel=relative)
     if growth.fit_steps is not None:  # the fit is drawn only over the steps it describes
         steps = np.asarray([s for s in table.index if growth.fit_steps[0] <= s <= growth.fit_steps[1]], dtype=float)
         fit = 10.0 ** (growth.intercept + growth.rate * steps)

@@ -2,7 +2,7 @@
 (``analysis.live``), and at each flush every rank learns, by one small broadcast from rank 0, whether the run
 has departed, so that all of them stop at the same step.
 
-    live = LiveCheck(load_reference(REF) if rank == 0 else None, rank=rank)
+    live = LiveCheck(load_reference(REF) if rank == 0 else None, rank=rank)   # recorder.reference
     recorder = Recorder(..., live=live)          # rank 0: each flush's fingerprints and statistics
     live.scalars(step, row)                      # rank 0: each step's loss, grad norm, ...
     departure = live.announce(run_dir, step=step, keep_going=False)   # every rank, at each flush

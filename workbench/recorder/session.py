@@ -51,11 +51,11 @@ import torch
 import torch.distributed as dist
 
 from workbench import determinism, environment
-from workbench.analysis.live import load_reference
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError, IncomparableRunsError, RunDiverged, WorkbenchError
 from workbench.recorder.live import LiveCheck
 from workbench.recorder.recorder import Recorder
+from workbench.recorder.reference import load_reference
 from workbench.recorder.targets import all_gather_objects, hybrid_pattern, unwrap
 from workbench.sites import SiteFilter, gpt_blocks
 from workbench.store import layout

@@ -351,7 +351,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
 
 def _check_reference(cfg: RunConfig, against: Path, rtol: float | None) -> None:
     """``IncomparableRunsError`` with the reason where ``against`` cannot be this run's live reference."""
-    from workbench.analysis.live import load_reference
+    from workbench.recorder.reference import load_reference
 
     reference = load_reference(against, rtol=rtol)
     planned = parse_manifest(runner_manifest(cfg), source=cfg.name)

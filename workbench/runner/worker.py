@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from workbench import determinism, environment
-from workbench.analysis.live import load_reference
 from workbench.config import RunConfig
 from workbench.errors import CheckpointError, CheckpointWriteError, WorkbenchError
 from workbench.recorder.live import LiveCheck
+from workbench.recorder.reference import load_reference
 from workbench.runner import cpu_compat
 from workbench.runner.rank_log import DIVERGED, RANK_ERROR
 from workbench.runner.trainer import Trainer

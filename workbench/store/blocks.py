@@ -64,7 +64,8 @@ def block_frontier(a: Run, b: Run) -> BlockFrontier | None:
     if size != size_b:
         return None
     differs = folds_a[:whole][:, columns_a] != folds_b[:whole][:, columns_b]  # [block, common site]
-    first_block = np.where(differs.any(axis=0), differs.argmax(axis=0), whole)  # ``whole``: the rows after them
+    first_block = (np.where(differs.any(axis=0), differs.argmax(axis=0), whole) if whole  # ``whole``: the rows
+                   else np.zeros(len(common), dtype=np.int64))  # after them; no whole block: all in the partial one
     steps = np.full(len(common), -1, dtype=np.int64)
     blocks = sorted(set(first_block.tolist()) - ({whole} if whole * size >= n else set()))
     for block in blocks:

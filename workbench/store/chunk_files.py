@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,21 +44,6 @@ _THREADED_BYTES = 1 << 20
 _POOL: list[ThreadPoolExecutor] = []
 _POOL_LOCK = threading.Lock()
 _ZSTD = Zstd()  # decoding reads the level and checksum flag from each frame
-_LOCAL = threading.local()
-"""``wait``: set by ``yielding`` for the reads of one thread."""
-
-
-@contextmanager
-def yielding(wait: Callable[[], None]) -> Iterator[None]:
-    """Reads made in this thread call ``wait`` before each file and decode in this thread alone (not in the
-    shared threads, which a waiting read would hold): background reads pass a ``wait`` that blocks while a view
-    is being drawn, so that the view's reads have the cores and the disk (``Workspace.read_ahead``)."""
-    before = getattr(_LOCAL, "wait", None)
-    _LOCAL.wait = wait
-    try:
-        yield
-    finally:
-        _LOCAL.wait = before
 
 
 @dataclass(frozen=True)
@@ -72,26 +56,31 @@ class _Plan:
     columns: int
 
 
-def read_selection(node: zarr.Array, selection: Any) -> np.ndarray | None:
+def read_selection(node: zarr.Array, selection: Any, *, pause: Callable[[], None] | None = None) -> np.ndarray | None:
     """``node[selection]`` for a selection of consecutive rows (``slice``), optionally of every entry of the
-    middle axes and one index of the last (``(slice, slice(None), ..., int)``); None for any other."""
+    middle axes and one index of the last (``(slice, slice(None), ..., int)``); None for any other. ``pause``:
+    see ``read_rows``."""
     if isinstance(selection, slice):
-        return read_rows(node, selection)
+        return read_rows(node, selection, pause=pause)
     if not (isinstance(selection, tuple) and len(selection) == node.ndim and isinstance(selection[0], slice)):
         return None
     *middle, last = selection[1:]
     if any(m != slice(None) for m in middle):
         return None
     if last == slice(None):
-        return read_rows(node, selection[0])
+        return read_rows(node, selection[0], pause=pause)
     if isinstance(last, int | np.integer) and not isinstance(last, bool) and 0 <= last < node.shape[-1]:
-        return read_rows(node, selection[0], column=int(last))
+        return read_rows(node, selection[0], column=int(last), pause=pause)
     return None
 
 
-def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.ndarray | None:
+def read_rows(node: zarr.Array, rows: slice, column: int | None = None, *,
+              pause: Callable[[], None] | None = None) -> np.ndarray | None:
     """``node[rows]`` (``node[rows, ..., column]`` with ``column``) read from its files, or None when this
-    module does not read ``node`` (see the module docstring); ``DamagedStoreError`` for a damaged file."""
+    module does not read ``node`` (see the module docstring); ``DamagedStoreError`` for a damaged file.
+    ``pause``: called before each file, and the files decoded in the calling thread alone (not in the shared
+    threads, which a pausing read would hold): a background read passes one that blocks while a view is drawn
+    (``studies.reading_ahead``), so that the view's reads have the cores and the disk."""
     plan = _plan(node)
     if plan is None or node.ndim == 0 or (column is not None and (node.ndim < 2 or not plan.sharded)):
         return None
@@ -102,11 +91,9 @@ def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.nd
     out = np.empty((max(stop - start, 0), *tail), dtype=node.dtype)
     files = range(start // plan.rows, -(-stop // plan.rows)) if stop > start else range(0)
 
-    wait = getattr(_LOCAL, "wait", None)
-
     def fill(index: int) -> None:
-        if wait is not None:
-            wait()
+        if pause is not None:
+            pause()
         first = index * plan.rows
         low, high = max(start, first), min(stop, first + plan.rows)
         whole = (low, high) == (first, first + plan.rows) and (not plan.sharded or
@@ -116,7 +103,7 @@ def read_rows(node: zarr.Array, rows: slice, column: int | None = None) -> np.nd
         if block is not into:
             out[low - start:high - start] = block[low - first:high - first]
 
-    if len(files) > 1 and out.nbytes >= _THREADED_BYTES and _THREADS > 1 and wait is None:
+    if len(files) > 1 and out.nbytes >= _THREADED_BYTES and _THREADS > 1 and pause is None:
         list(_pool().map(fill, files))
     else:
         for index in files:

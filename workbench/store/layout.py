@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -422,10 +423,11 @@ def _node(group: zarr.Group, path: str) -> zarr.Array | zarr.Group:
                                 "the run store is damaged (rewrite the run)") from None
 
 
-def read(node: zarr.Array, selection: Any = slice(None)) -> np.ndarray:
+def read(node: zarr.Array, selection: Any = slice(None), *, pause: Callable[[], None] | None = None) -> np.ndarray:
     """``node[selection]`` as numpy; ``DamagedStoreError`` naming the array if a chunk cannot be decoded. Rows
-    of the store's own arrays are read from their files (``chunk_files``), the rest through Zarr."""
-    direct = chunk_files.read_selection(node, selection)
+    of the store's own arrays are read from their files (``chunk_files``; ``pause`` called before each), the
+    rest through Zarr."""
+    direct = chunk_files.read_selection(node, selection, pause=pause)
     if direct is not None:
         return direct
     try:

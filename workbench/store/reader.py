@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from workbench.errors import (
 )
 from workbench.sites import site_id, split_site
 from workbench.store import layout
-from workbench.store.manifest import RunManifest, check_facts, parse_manifest
+from workbench.store.manifest import Provenance, RunManifest, check_facts, parse_manifest
 from workbench.store.op_trace import read_trace
 from workbench.store.records import RunRecords
 
@@ -336,11 +336,13 @@ class Run:
         return pd.DataFrame(values.to_numpy(), copy=False, index=values.indexes[layout.STEP_DIM],
                             columns=list(values.indexes[layout.SITE_DIM]))
 
-    def statistic(self, name: str, steps: tuple[int, int] | None = None) -> xr.DataArray:
+    def statistic(self, name: str, steps: tuple[int, int] | None = None, *,
+                  pause: Callable[[], None] | None = None) -> xr.DataArray:
         """One statistic in memory as (step, site), labelled as ``records().stats.sel(stat=name)``; read in one
         pass, a twelfth of the bytes of them all in a schema 3 store. ``steps`` (first, last): the recorded
         rows from the first recorded step at or after ``first`` to the last at or before ``last`` (and the rows
-        between them) only."""
+        between them) only. ``pause``: called before each file read (a background read that gives way to a view
+        being drawn, ``studies.reading_ahead``)."""
         group, n = self._sites_group(), self.recorded_steps_completed
         names = self._stat_names(group)
         if name not in names:
@@ -352,7 +354,7 @@ class Run:
         if steps is not None:
             inside = np.flatnonzero((numbers >= steps[0]) & (numbers <= steps[1]))
             start, stop = (int(inside[0]), int(inside[-1]) + 1) if len(inside) else (0, 0)
-        return xr.DataArray(layout.read(source, (slice(start, stop), slice(None), names.index(name))),
+        return xr.DataArray(layout.read(source, (slice(start, stop), slice(None), names.index(name)), pause=pause),
                             dims=(layout.STEP_DIM, layout.SITE_DIM),
                             coords={layout.STEP_DIM: numbers[start:stop],
                                     layout.SITE_DIM: np.array(self._site_names(group), dtype=object),
@@ -575,6 +577,38 @@ def _open_url(url: str) -> Run:
     run = Run(Path(store.removesuffix(f"/{layout.STORE_DIR}")), url=store)  # a path no local file lies at
     _ = run.manifest
     return run
+
+
+def provenance(runs: Sequence[Run]) -> Provenance:
+    """Where ``runs`` came from, for the footer of a figure or a table drawn from them."""
+    revisions = sorted({str(r.attrs.get("git_revision")) for r in runs if r.attrs.get("git_revision")})
+    return Provenance(runs=tuple(r.run_id for r in runs),
+                      configs=tuple(dict.fromkeys(r.manifest.summary() for r in runs)),
+                      schema_version=int(runs[0].attrs.get("schema_version", layout.SCHEMA_VERSION)
+                                         if runs else layout.SCHEMA_VERSION),
+                      revision=", ".join(revisions) or None)
+
+
+def open_runs(*paths: str | os.PathLike[str]) -> list[Run]:
+    """The runs at ``paths``: each a run folder, or a folder of runs (every run under it, its derived runs, such as
+    replays, only when named). ``RunNotFoundError`` for a path that is neither, or when no run is found."""
+    folders: list[Path] = []
+    for path in map(Path, paths):
+        run_dir = layout.resolve_run_dir(path)
+        if run_dir is not None:
+            folders.append(run_dir)
+        elif path.is_dir():
+            found = find_runs(path)
+            if not found:
+                raise RunNotFoundError(f"{path}: neither a run nor a folder of runs (no run.zarr under it)")
+            folders += [f for f in found if open_run(f).manifest.replay is None]
+        else:
+            raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
+                                   "(or `workbench demo`)")
+    if not folders:
+        raise RunNotFoundError(f"no runs under {', '.join(map(str, paths))}; the demo's runs are made by "
+                               "`make demo` (or `workbench demo`)")
+    return [open_run(folder) for folder in folders]
 
 
 def find_runs(directory: str | os.PathLike[str], *, derived: bool = False) -> list[Path]:

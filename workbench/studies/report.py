@@ -88,7 +88,8 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
         result = ws.comparison(a, b, cells=True)
         figures[f"heatmap-{a}-vs-{b}"] = views.heatmap(ws, a, b).figure
         if not result.identical:
-            figures[f"growth-{a}-vs-{b}"] = amplification_figure(result, provenance=ws.provenance([a, b]))
+            figures[f"growth-{a}-vs-{b}"] = amplification_figure(
+                result, provenance=ws.provenance([a, b]), relative=ws.relative_difference(a, b, "l2"))
         for step in sorted(set(ws.runs[a].snapshots()) & set(ws.runs[b].snapshots()))[:1]:
             differences = ws.snapshot_differences(a, b, step)
             if differences and not all(d.identical for d in differences.values()):

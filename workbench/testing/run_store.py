@@ -38,12 +38,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from workbench.analysis.compare import compare, compare_runs
+from workbench.analysis.compare import compare
 from workbench.errors import NotARunError, NotRecordedYetError, RunNotFoundError, WorkbenchError
 from workbench.sites import KINDS, SITE_KINDS, site_id, strip_wrappers
 from workbench.statistics import STAT_NAMES, fold_fingerprints
 from workbench.store import layout
 from workbench.store.reader import Run, open_run
+from workbench.studies.comparing import compare_runs
 from workbench.testing.damage import damage_bytes
 
 NOT_YET = (RunNotFoundError, NotRecordedYetError)

@@ -14,10 +14,8 @@ time of the last update, for the latency benchmark.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +25,13 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 from workbench.errors import WorkbenchError
-from workbench.figures.divergence import StepBins, divergence_heatmap, heatmap_matrix
+from workbench.figures.divergence import StepBins, divergence_heatmap
 from workbench.figures.elementwise import elementwise_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
-from workbench.studies.workspace import Workspace, runs_dir
+from workbench.studies.workspace import runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, open_workspace, show
-
-Key = tuple[str, str, str]
-"""(reference, compared run, statistic): what the explorer caches step bins by."""
-KEPT_MATRICES = 2
-"""Heatmap matrices of a range of steps kept (the latest), each 8 bytes per site and step of its range."""
 
 
 class DivergenceExplorer(WorkbenchWidget):
@@ -50,14 +43,9 @@ class DivergenceExplorer(WorkbenchWidget):
     def __init__(self, directory: str | Path | None = None, *, reference: str | None = None,
                  other: str | None = None) -> None:
         super().__init__()
-        self._matrices: dict[tuple[str, str, str, int, int], pd.DataFrame] = {}
-        self._overviews: dict[Key, StepBins] = {}
-        self._computing: dict[Key, threading.Event] = {}
-        """The step bins the background is computing now (``_read_ahead``), each set when done."""
-        self._computing_lock = threading.Lock()
         self.last_update_s = 0.0
         self.selected: tuple[str, int] | None = None
-        self._detail: Key | None = None  # what the site detail shows
+        self._detail: tuple[str, str, str] | None = None  # what the site detail shows: the pair, the statistic
         self._site_steps: dict[str, int] = {}  # the listed sites that differ: their first divergent step
         self._listed: set[str] = set()  # the sites in the site list
         style = {"description_width": "initial"}
@@ -105,7 +93,7 @@ class DivergenceExplorer(WorkbenchWidget):
         workspace = open_workspace(directory, self.status, pairs=True)
         if workspace is None:
             return
-        self.workspace, self._matrices, self._overviews, self.selected = workspace, {}, {}, None
+        self.workspace, self.selected = workspace, None
         reference = reference or workspace.roles.reference
         candidates = [n for n in workspace.recorded if n != reference]
         first_other = other or next((n for n in workspace.roles.others + workspace.roles.floor_runs if n != reference),
@@ -115,67 +103,22 @@ class DivergenceExplorer(WorkbenchWidget):
         self.other.options, self.other.value = workspace.recorded, first_other
         self._quiet = False
         self.update(reset_ranges=True)
-        # then, in the background (after the first heatmap, so as not to slow it down): every statistic of a
-        # store that keeps them all in one chunk (read in one pass and kept, within the workspace's budget), and
-        # the other statistics' step bins of this pair (a statistic read apart is read for them and dropped; a
-        # store too large to read in one pass is not read ahead, each of its statistics costing that pass)
-        pair = (reference, first_other)
-        started = set(workspace.preload(pair))
-        if all(workspace.runs[name].reads_statistics_apart or name in started for name in pair):
-            workspace.read_ahead([partial(self._read_ahead, (*pair, stat))
-                                  for stat in self.stat.options if stat != self.stat.value])
+        # then, in the background (after the first heatmap, so as not to slow it down): the pair's statistics and
+        # the other statistics' step bins (``Workspace.read_pair_ahead``)
+        workspace.read_pair_ahead(reference, first_other, [s for s in self.stat.options if s != self.stat.value])
 
     def _matrix(self, low: int, high: int, *, keep: bool = True) -> pd.DataFrame:
-        """Site x step matrix of the current pair and statistic over steps ``low``..``high``, for a range of
-        steps and the export: computed from those steps' rows alone, read and dropped; the latest
-        ``KEPT_MATRICES`` kept (``keep``)."""
+        """Site x step matrix of the current pair and statistic over steps ``low``..``high`` (the workspace holds
+        the latest two, ``keep``)."""
         assert self.workspace is not None
-        key = (self.reference.value, self.other.value, self.stat.value, low, high)
-        if key in self._matrices:
-            self._matrices[key] = self._matrices.pop(key)  # the latest used last
-            return self._matrices[key]
-        a, b, stat = key[:3]
-        values = (self.workspace.peek_stat_values(a, stat, (low, high)),
-                  self.workspace.peek_stat_values(b, stat, (low, high)))
-        matrix = heatmap_matrix(self.workspace.comparison(a, b), stat, steps=(low, high), values=values)
-        if keep:
-            self._matrices[key] = matrix
-            for old in list(self._matrices)[:-KEPT_MATRICES]:
-                del self._matrices[old]
-        return matrix
-
-    def _read_ahead(self, key: Key) -> int:
-        """In the background: the step bins of ``key`` and, from the same read, the series of the site shown in
-        the detail (so that a new statistic's heatmap and detail need no read of it); the bytes they hold. A
-        view that asks for ``key`` meanwhile waits for them (``_overview``) rather than reading it again."""
-        assert self.workspace is not None
-        site = self.selected[0] if self.selected else None
-        with self._computing_lock:
-            if key in self._overviews or key in self._computing:
-                return 0
-            done = self._computing[key] = threading.Event()
-        try:
-            return _overview_of(self.workspace, self._overviews, key, site=site)
-        finally:
-            with self._computing_lock:
-                del self._computing[key]
-            done.set()
+        return self.workspace.heatmap_matrix(self.reference.value, self.other.value, self.stat.value, (low, high),
+                                             keep=keep)
 
     def _overview(self, site: str | None) -> StepBins:
-        """The step bins of the current pair and statistic: what a view of every step draws (kept for each
-        statistic of the pair shown, a few MB each), computed from the runs' statistics read and dropped,
+        """The step bins of the current pair and statistic: what a view of every step draws, held by the workspace,
         keeping ``site``'s series of both runs from the same read (the detail shows it next)."""
         assert self.workspace is not None
-        key = (self.reference.value, self.other.value, self.stat.value)
-        for old in [k for k in list(self._overviews) if k[:2] != key[:2]]:  # another pair's
-            self._overviews.pop(old, None)
-        with self._computing_lock:
-            under_way = self._computing.get(key)
-        if under_way is not None:  # the background is computing these very bins: sooner done than begun again
-            with self.workspace.behind_background():
-                under_way.wait()
-        _overview_of(self.workspace, self._overviews, key, site=site)
-        return self._overviews[key]
+        return self.workspace.step_bins(self.reference.value, self.other.value, self.stat.value, site=site)
 
     def selected_sites(self, sites: list[str]) -> list[str]:
         """``sites`` passing the glob, kind and layer filters."""
@@ -313,7 +256,8 @@ class DivergenceExplorer(WorkbenchWidget):
                       "(record.snapshot_steps / record.snapshot_sites)")
         # its other statistics, for the next statistic chosen: those whose step bins are done (the background
         # keeps the clicked site's series as it computes the others' bins, from the same reads)
-        self.workspace.read_site_ahead(site, [a, b], [s for s in self.stat.options if (a, b, s) in self._overviews])
+        binned = [s for s in self.stat.options if self.workspace.has_step_bins(a, b, s)]
+        self.workspace.read_site_ahead(site, [a, b], binned)
 
     def figures(self) -> dict[str, go.Figure]:
         """The figures currently shown, by file name."""
@@ -328,18 +272,3 @@ class DivergenceExplorer(WorkbenchWidget):
         low, high = self.steps.value
         matrix = self._matrix(low, high, keep=(low, high) != (self.steps.min, self.steps.max))
         return self.figures(), {"divergence-heatmap": matrix.loc[self.selected_sites(list(matrix.index))]}
-
-
-
-def _overview_of(workspace: Workspace, overviews: dict[Key, StepBins], key: Key, *, site: str | None = None) -> int:
-    """Compute the step bins of ``key`` (reference, other, statistic) into ``overviews`` unless they are there,
-    from the two runs' statistics read and dropped (``Workspace.peek_stat_values``; the full matrix is not
-    made). With ``site``, that site's series of both runs are kept too (``Workspace.keep_site_series``). The
-    bytes they hold."""
-    if key in overviews:
-        return 0
-    values = (workspace.peek_stat_values(key[0], key[2]), workspace.peek_stat_values(key[1], key[2]))
-    bins = StepBins.of_values(workspace.comparison(key[0], key[1]), values)
-    overviews[key] = bins
-    kept = workspace.keep_site_series(site, key[2], dict(zip(key[:2], values, strict=True))) if site else 0
-    return bins.nbytes + kept

@@ -25,6 +25,7 @@ from workbench.analysis.ladder import Ladder
 from workbench.sites import labelled_layer, layer_label, layer_order
 from workbench.statistics import STAT_NAMES
 from workbench.studies import views
+from workbench.studies.reading_ahead import Pause
 from workbench.studies.workspace import Workspace, runs_dir
 from workbench.widgets.common import Exported, WorkbenchWidget, figure_widget, fill_list, open_workspace, show
 from workbench.widgets.explorer import DivergenceExplorer
@@ -151,11 +152,11 @@ class LadderWidget(WorkbenchWidget):
         return {"ladder": go.Figure(self.figure)}, {"ladder": self.ladder.per_layer}
 
 
-def _ladders_of(workspace: Workspace, reference: str, names: tuple[str, ...], stat: str) -> int:
-    """Compute (into the workspace's cache) the ladder of ``names`` against ``reference`` and the noise-floor and
-    seed ladders for ``stat``; 0 bytes held beyond the workspace's relative differences (``Workspace.read_ahead``
-    counts those)."""
-    workspace.ladder(names, reference=reference, stat=stat)
-    workspace.noise_ladder(reference=reference, stat=stat)
-    workspace.seed_ladder(reference=reference, stat=stat)
+def _ladders_of(workspace: Workspace, reference: str, names: tuple[str, ...], stat: str, pause: Pause) -> int:
+    """Compute (held by the workspace) the ladder of ``names`` against ``reference`` and the noise-floor and seed
+    ladders for ``stat``, reading with the background's ``pause``; 0 bytes held beyond the workspace's relative
+    differences (which it counts itself)."""
+    workspace.ladder(names, reference=reference, stat=stat, pause=pause)
+    workspace.noise_ladder(reference=reference, stat=stat, pause=pause)
+    workspace.seed_ladder(reference=reference, stat=stat, pause=pause)
     return 0
