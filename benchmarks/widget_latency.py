@@ -228,7 +228,7 @@ def other_widgets(a: Path, b: Path, site: str, args: argparse.Namespace) -> None
             row("trajectories: the site's other statistics read ahead, done after", time.perf_counter() - start)
             row("trajectories: statistic", *changes(widget.stat, ["max", "l2"], args.repeats))
             row("trajectories: relative difference",
-                         *changes(widget.difference, ["relative", "absolute"], args.repeats))
+                         *changes(widget.difference, ["relative", "|difference|"], args.repeats))
             row("trajectories: step range",
                          *changes(widget.steps, [(3_000, 6_000), (0, args.steps - 1)], args.repeats))
         elif label == "ladder":
