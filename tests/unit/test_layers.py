@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tests.helpers.layers import ALLOWED, LAZY_ONLY, PACKAGE, file_io, import_cycles, imports, layer_of
@@ -45,6 +46,19 @@ def test_the_file_check_sees_reads_writes_and_readers(tmp_path: Path) -> None:
                    "def f(p):\n    json.load(open(p))\n    p.write_text('x')\n    return json.dumps({})\n")
     assert sorted(file_io(bad)) == ["2: from pathlib import ...", "6: load(...)", "6: open(...)",
                                     "7: write_text(...)", "imports workbench.store.reader"]
+
+
+def test_widgets_start_no_thread_of_their_own() -> None:
+    # what a widget draws is held and read ahead by the workspace (studies.holding, studies.reading_ahead): a
+    # widget wires controls to views, and starts no thread, lock or pool of its own
+    threads = {"threading", "concurrent", "multiprocessing", "asyncio"}
+    found = {}
+    for path in sorted((PACKAGE / "widgets").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        found[path.name] = sorted(name for name in names if name.split(".")[0] in threads)
+    assert not {name: modules for name, modules in found.items() if modules}
 
 
 def test_no_modules_import_one_another_in_a_circle() -> None:

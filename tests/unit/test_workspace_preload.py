@@ -91,6 +91,22 @@ def test_the_background_waits_while_a_view_is_drawn_and_runs_when_the_view_waits
     assert ws.preloaded(timeout=60)
 
 
+def test_waiting_behind_the_background_outside_a_view_does_not_stop_it(tmp_path: Path) -> None:
+    # a caller outside any view (a script asking for the step bins the background computes) waits for the
+    # background: stepping back from a view it is not drawing would leave the background paused for good
+    write_synthetic_run(tmp_path / "a", steps=40, sites=30, seed=1)
+    ws = Workspace.open(tmp_path)
+    ran: list[str] = []
+    with ws.ahead.behind_background():
+        ws.read_ahead([lambda pause: (pause(), ran.append("task"), 0)[2]])
+        assert _poll(lambda: ran == ["task"])
+    with ws.foreground():  # and a view still holds the background back afterwards
+        ws.read_ahead([lambda pause: (ran.append("later"), 0)[1]])
+        time.sleep(0.3)
+        assert ran == ["task"]
+    assert _poll(lambda: ran == ["task", "later"]) and ws.preloaded(timeout=60)
+
+
 def test_a_background_read_waits_file_by_file_for_the_view(tmp_path: Path) -> None:
     write_synthetic_run(tmp_path / "a", steps=200, sites=30, seed=1)  # several files of rows
     ws = Workspace.open(tmp_path)

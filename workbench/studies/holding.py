@@ -4,7 +4,7 @@
     held.get("ladder", key, compute)          # computed once (outside the lock), then kept
     held.statistic("a", "l2", read, kept=2)   # the latest two statistics of a run kept, older ones dropped
     held.relative(("a", "b"), "l2", compute)  # a pair's relative difference, dropped with either statistic
-    held.step_bins(key, compute, waiting)     # computed once even when a view and the background ask at once
+    held.once("step_bins", key, compute, waiting)  # computed once when a view and the background ask at once
     held.follow("act:layers.0.mlp")           # the one site whose series are kept (``keep_series``)
 
 Each cache is a plain dict by name; ``held.keys(name)`` lists what one holds. Nothing here reads a store: the
@@ -16,7 +16,7 @@ as they are kept.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
@@ -200,8 +200,3 @@ class Holding:
                 return False
             self._cache("series")[(run, stat, site)] = series
             return True
-
-    def series(self) -> Iterator[tuple[Hashable, pd.Series]]:
-        """The kept series by (run, statistic, site)."""
-        with self.lock:
-            return iter(list(self._cache("series").items()))

@@ -94,15 +94,19 @@ class ReadAhead:
 
     @contextmanager
     def behind_background(self) -> Iterator[None]:
-        """Inside ``foreground``: a view that waits for the background's work lets it run meanwhile."""
+        """A view that waits for the background's work lets it run meanwhile (outside ``foreground`` this changes
+        nothing: the background runs already)."""
         with self._idle:
-            self._drawing -= 1
-            self._idle.notify_all()
+            stepped_back = self._drawing > 0
+            if stepped_back:
+                self._drawing -= 1
+                self._idle.notify_all()
         try:
             yield
         finally:
-            with self._idle:
-                self._drawing += 1
+            if stepped_back:
+                with self._idle:
+                    self._drawing += 1
 
     def finished(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout`` seconds each) for the runs being read and the tasks; whether all have ended."""

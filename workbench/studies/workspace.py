@@ -1,19 +1,14 @@
 """A folder of runs opened once: what notebooks, widgets, the study summary and the report read from.
 
     ws = Workspace.open("data/runs/demo")
-    ws.names, ws.roles.reference, ws.roles.floor_runs # roles, found from the runs' manifests
-    ws.comparison("det-r0", "tp2")                    # studies.comparing.compare_stores, held
-    ws.scalar("loss"), ws.scalar_floor("loss")        # per-run Series, noise-floor envelope
-    ws.roles.seed_runs, ws.scalar_seed_spread("loss") # runs that differ only in seed, their envelope
-    ws.provenance(["det-r0", "tp2"])                  # for figure footers
-    ws.anomalies("tp2")                               # analysis.anomalies.find_anomalies, held
+    ws.names, ws.roles.reference, ws.roles.floor_runs  # roles, from the runs' manifests
+    ws.comparison("det-r0", "tp2"), ws.ladder(["tp2"])  # held once computed
+    ws.scalar("loss"), ws.scalar_floor("loss"), ws.provenance(["det-r0", "tp2"])
 
 A facade: each method forwards to one part with one concern. ``holding`` (``studies.holding``) keeps what was
 computed or read, behind one lock and within a byte budget; ``ahead`` (``studies.reading_ahead``) reads in the
-background, a drawn view first; comparing two stores is ``studies.comparing``; the measures over many runs are
-``studies.measures``, the views' reads ``studies.reads`` and the explorer's ``studies.heatmaps``; the analysis
-itself is ``analysis/``. Opening
-reads manifests; statistics are read when a result needs them, or ahead of it in the background.
+background, a drawn view first; ``studies.comparing`` compares two stores, ``studies.measures`` measures many runs,
+``studies.reads`` and ``studies.heatmaps`` read and compute what the views draw; the analysis is ``analysis/``.
 """
 
 from __future__ import annotations
@@ -98,9 +93,8 @@ class Workspace:
         return self.runs[name]
 
     def records(self, name: str) -> RunRecords:
-        """The run's records (``Run.records``): its fingerprints in memory, its statistics lazy. Held, except for a
-        store that reads statistics apart, whose fingerprints (8 bytes per site and recorded step) are read again
-        for each new comparison (which is held, and keeps only which cells are equal, one byte each)."""
+        """The run's records (``Run.records``); held, but for a store that reads statistics apart, whose
+        fingerprints are read again for each new comparison (which is held, one byte per cell)."""
         run = self._run(name)
         if run.has_sites and run.reads_statistics_apart:
             return run.records(scalars=self.scalars(name))
@@ -113,8 +107,7 @@ class Workspace:
         return self.holding.get("anomalies", (name, rules), lambda: find_anomalies(self.scalars(name), records, rules))
 
     def pair_matrix(self, names: Iterable[str] | None = None) -> PairMatrix:
-        """The first divergent step of every pair of ``names`` (default: every recorded run); each run's records
-        read once for all its pairs."""
+        """The first divergent step of every pair of ``names`` (default: every recorded run)."""
         held: dict[str, RunRecords] = {}
 
         def records(name: str) -> RunRecords:
@@ -164,8 +157,7 @@ class Workspace:
 
     @property
     def on_cpu(self) -> bool:
-        """Whether any run here says it ran on a CPU (where nondeterminism is emulated and costs are the
-        emulation's); runs that do not say (imported ones) do not count."""
+        """Whether any run says it ran on a CPU (where nondeterminism and its cost are emulated)."""
         return any(str(r.manifest.runtime.get("device", "cpu")).startswith("cpu") for r in self.runs.values()
                    if r.manifest.runtime)
 
@@ -223,9 +215,8 @@ class Workspace:
     # -- statistics, held and read ahead --------------------------------------------------
 
     def stat_values(self, name: str, stat: str) -> xr.DataArray:
-        """One statistic of every site and step of a run, in memory (step, site); held (the latest
-        ``KEPT_STATISTICS`` of a run that reads statistics apart). A run being preloaded is waited for: each chunk
-        of such a store holds every statistic, so a second read beside it would only slow both down."""
+        """One statistic of a run (step, site), held (the latest ``KEPT_STATISTICS`` of a run that reads them
+        apart); a run being preloaded is waited for rather than read beside its preload."""
         self.ahead.wait_loaded(name)
         run = self._run(name)
         return self.holding.statistic(name, stat, lambda: run.statistic(stat),
@@ -246,8 +237,7 @@ class Workspace:
         return reads.preload(self, names)
 
     def read_ahead(self, tasks: Iterable[Task]) -> None:
-        """Run ``tasks`` in the background once the preloads are in (``studies.reading_ahead.ReadAhead.run``): the
-        views a widget may show next, while they fit in as much memory again as the preloads may fill."""
+        """Run ``tasks`` (views a widget may show next) in the background, after the preloads, while they fit."""
         self.ahead.run(tasks, room=self.holding.room, spend=self.holding.spend)
 
     def foreground(self) -> AbstractContextManager[None]:
