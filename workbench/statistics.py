@@ -25,8 +25,9 @@ one word per element:
     lane B:  v = b XOR i*0x27D4EB2F;  v ^= v >> 15;  v *= 0xC2B2AE35;  word = v XOR (v >> 16)
     fingerprint = (sum of lane-B words mod 2^32) << 32  |  (sum of lane-A words mod 2^32)
 
-``bits`` is the element's IEEE bit pattern (for 8-byte types lane A reads the low and
-lane B the high 32 bits) and ``full_index`` its row-major index in the full, unsharded
+``bits`` is the element's bit pattern (IEEE, or one of the 1-byte float8 formats, e4m3 or
+e5m2, zero-extended like the 2-byte types; for 8-byte types lane A reads the low and lane B
+the high 32 bits) and ``full_index`` its row-major index in the full, unsharded
 tensor. Integer addition is associative, so the value does not depend on reduction
 order, and the lane sums of shards add up to the full tensor's; for a fixed index each
 word is a bijection of the bits (XOR with a constant, xorshifts, multiplication by an odd
@@ -79,7 +80,7 @@ def element_words(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if width == 8:
         words = flat.view(np.uint32).reshape(-1, 2)  # little-endian: low word first
         return words[:, 0].copy(), words[:, 1].copy()
-    unsigned = {2: np.uint16, 4: np.uint32}[width]
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
     bits = flat.view(unsigned).astype(np.uint32)
     return bits, bits
 
@@ -112,7 +113,8 @@ def pack_fingerprints(lanes: np.ndarray) -> np.ndarray:
 
 
 def fingerprint_reference(values: np.ndarray, full_index: np.ndarray | None = None) -> int:
-    """The fingerprint of ``values`` (numpy, any float dtype of 2, 4 or 8 bytes) as an unsigned int."""
+    """The fingerprint of ``values`` (numpy, any float dtype of 2, 4 or 8 bytes, or the uint8 bit patterns of a
+    float8 tensor) as an unsigned int."""
     return pack_fingerprint(*lane_sums(values, full_index))
 
 

@@ -40,12 +40,12 @@ finalize = built.config.finalize_model_grads_func
 # --- the few lines a user adds to their own loop ---
 recorder = Recorder([built.ddp], run_dir=run_dir, total_steps=3, optimizer=optimizer, global_batch_size=2,
                     record=RecordConfig(every=2))
-hooks = []
+hooks, slots = [], []
 for step in range(3):
     recorder.step_begin(step)
     hooks.append(sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt.modules()))
     built.ddp.zero_grad_buffer()
-    recorder.microbatch(0)
+    recorder.microbatch(2 * step)  # a running sample counter (2 samples a step): its place in the step's batch
     loss = built.ddp(tokens[:, :-1], torch.arange(8)[None].expand(2, 8), mask, labels=tokens[:, 1:]).mean()
     loss.backward()
     built.config.finalize_model_grads_func([built.ddp])
@@ -53,6 +53,7 @@ for step in range(3):
         p.grad = p.main_grad
     optimizer.step()
     recorder.step_end(step)
+    slots.append(len(recorder._slots._slots))
 recorder.close()
 # ----------------------------------------------------
 
@@ -60,6 +61,7 @@ after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in built.gpt
 assert after == before, (before, after)
 assert hooks[0] > before and hooks[1] == before and hooks[2] == hooks[0], hooks  # none on the unrecorded step
 assert built.config.finalize_model_grads_func is finalize
+assert slots[2] == slots[0], slots  # no new slots for step 2's samples 4 and 5: they are places 0 and 1 again
 table = open_run(run_dir).site_table()
 kinds = set(table["kind"])
 assert {"param", "act", "act_grad", "grad", "exp_avg", "exp_avg_sq", "update", "loss"} <= kinds, kinds

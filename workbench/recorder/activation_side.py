@@ -51,8 +51,11 @@ class ActivationSide:
         self._explicit_offset = None
 
     def declare(self, sample_offset: int) -> None:
-        """The global index of the first sample of the micro-batch about to run."""
-        self._explicit_offset = sample_offset
+        """The global index of the first sample of the micro-batch about to run: its place in the step's global
+        batch, or a running sample counter, taken modulo the global batch (each step reads one global batch), so
+        that a loop counting samples across steps places them as one counting from 0 each step, and the sites'
+        slots do not grow with every step."""
+        self._explicit_offset = sample_offset % self._global_batch if self._global_batch else sample_offset
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -38,6 +38,9 @@ PartialFn = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Ten
 
 def element_words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The int32 words lanes A and B read from each element of ``x`` (same shape as ``x``)."""
+    if x.element_size() == 1:  # float8 (e4m3, e5m2): its bits, zero-extended
+        bits = x.view(torch.uint8).to(torch.int32)
+        return bits, bits
     if x.element_size() == 2:
         bits = x.view(torch.int16).to(torch.int32) & 0xFFFF
         return bits, bits
@@ -213,13 +216,19 @@ def _empty_accumulators(device: torch.device) -> tuple[torch.Tensor, torch.Tenso
     return acc, torch.zeros(2, dtype=torch.int64, device=device)
 
 
+def takes_native(x: torch.Tensor) -> bool:
+    """Whether the native kernel reads ``x``: a CPU tensor of 2, 4 or 8 bytes an element (a float8 tensor goes the
+    eager way: the native pass has no 1-byte path)."""
+    return x.device.type == "cpu" and x.element_size() > 1
+
+
 def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
                lanes: torch.Tensor, *, fused: bool = True) -> None:
     """Add the statistics and fingerprint lanes of ``x`` into ``acc`` and ``lanes`` (in place).
 
     ``fused``: the native kernel for CPU tensors, the compiled one elsewhere; otherwise eager.
     """
-    if fused and x.device.type == "cpu":
+    if fused and takes_native(x):
         x = x.detach().contiguous()
         if x.numel():
             native().accumulate(x, coords, tiny, largest, acc, lanes)
@@ -234,12 +243,12 @@ def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
                     largest: float, *, fused: bool = True) -> None:
     """``accumulate`` for each (x, coords, acc, lanes) of ``items``; CPU tensors in one native call
     (one parallel pass over all their chunks), the others one by one."""
-    on_cpu = [(x.detach().contiguous(), c, a, lane) for x, c, a, lane in items if fused and x.device.type == "cpu"]
+    on_cpu = [(x.detach().contiguous(), c, a, lane) for x, c, a, lane in items if fused and takes_native(x)]
     if on_cpu:
         xs, coords, accs, lanes = (list(column) for column in zip(*on_cpu))
         native().accumulate_many(xs, coords, tiny, largest, accs, lanes)
     for x, c, a, lane in items:
-        if not (fused and x.device.type == "cpu"):
+        if not (fused and takes_native(x)):
             accumulate(x, c, tiny, largest, a, lane, fused=fused)
 
 
@@ -251,7 +260,7 @@ def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.T
     give the float32 tensor the subtraction gives, so the same fingerprint."""
     native_items, others = [], []
     for x, before, c, a, lane in items:
-        if fused and x.device.type == "cpu" and x.dtype != torch.float64 and x.dtype == before.dtype:
+        if fused and takes_native(x) and x.dtype != torch.float64 and x.dtype == before.dtype:
             native_items.append((x.detach().contiguous(), before.contiguous(), c, a, lane))
         else:
             others.append((x.detach().float() - before.float(), c, a, lane))
@@ -268,7 +277,7 @@ def accumulate_copies(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     CPU in the same native pass (one read of x), elsewhere (and for float64) with ``copy_``."""
     native_items = []
     for x, copy, c, a, lane in items:
-        if fused and x.device.type == "cpu" and x.dtype != torch.float64 and x.is_contiguous() \
+        if fused and takes_native(x) and x.dtype != torch.float64 and x.is_contiguous() \
                 and copy.is_contiguous():
             native_items.append((x.detach(), copy, c, a, lane))
         else:

@@ -94,7 +94,10 @@ def live_layout(config: Any) -> ParallelLayout:
 
 
 def live_precision(config: Any) -> str:
-    """The precision the model computes in, from its ``TransformerConfig``."""
+    """The precision the model computes in, from its ``TransformerConfig`` (fp8: Transformer Engine's recipe on,
+    whose e4m3 limits then count the underflows and overflows)."""
+    if getattr(config, "fp8", None):
+        return "fp8"
     if getattr(config, "bf16", False):
         return "bf16"
     if getattr(config, "fp16", False):

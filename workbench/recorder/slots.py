@@ -97,7 +97,7 @@ class Slots:
             recorded = site is not None and placement.contributes
             slot = self._slots[(kind, name, placement)] = Slot(
                 kind, name, site if recorded else None, placement, placement.coords(tensor.device), tensor.device,
-                self._fused and tensor.device.type == "cpu")
+                self._fused and kernels.takes_native(tensor))
         return slot
 
     def accumulator(self, slot: Slot) -> Accumulator:
