@@ -31,7 +31,7 @@ def compare_stores(a: Run, b: Run, *, cells: bool = False,
     not read every cell (``cells``: a heatmap, which the fingerprints read whole give sooner), else from both
     runs' records (``records``: where to get a run's, default ``Run.records``; a workspace passes the ones it
     holds). ``NoSitesError`` for a run without per-site records."""
-    folded = compare_runs(a, b) if not cells and a.has_sites and b.has_sites else None
+    folded = None if cells else compare_runs(a, b)  # None without folds (or without records) in either run
     if folded is not None:
         return folded
     get = records or (lambda run: run.records())

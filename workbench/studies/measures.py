@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
 from workbench.analysis.cost import COLUMNS as COST_COLUMNS
 from workbench.analysis.cost import ThroughputSample, determinism_cost
@@ -38,9 +37,9 @@ def ladder(ws: Workspace, reference: str, names: tuple[str, ...], stat: str, flo
     other pairs' are held (``Workspace.relative_difference``)."""
     comparisons = [ws.comparison(reference, n) for n in names]
     apart = [n for n in names if ws.runs[reference].reads_statistics_apart and ws.runs[n].reads_statistics_apart]
-    held = ws.peek_stat_values(reference, stat, pause=pause) if apart else xr.DataArray()
+    held = ws.peek_stat_values(reference, stat, pause=pause) if apart else None
     relatives = {n: (result.relative(stat, (held, ws.peek_stat_values(n, stat, pause=pause)))
-                     if n in apart else ws.relative_difference(reference, n, stat))
+                     if held is not None and n in apart else ws.relative_difference(reference, n, stat))
                  for n, result in zip(names, comparisons, strict=True)}
     checks = {n: leaves_floor(ws.records(n), ws.floor) for n in names} if floor and ws.floor is not None else {}
     return ladder_of(reference, comparisons, stat=stat, floor_checks=checks, relatives=relatives)
