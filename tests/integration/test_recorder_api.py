@@ -66,6 +66,9 @@ table = open_run(run_dir).site_table()
 kinds = set(table["kind"])
 assert {"param", "act", "act_grad", "grad", "exp_avg", "exp_avg_sq", "update", "loss"} <= kinds, kinds
 assert open_run(run_dir).recorded_steps_completed == 2  # steps 0 and 2
+paths = open_run(run_dir).attrs["statistics_paths"]  # which kernels read the tensors: the native one, on a CPU
+assert paths["tensors_read"]["native"] > 0 and "triton" not in paths["tensors_read"], paths
+assert paths["build_failures"] == {}, paths
 print("ok", len(table))
 '''
 

@@ -5,22 +5,27 @@ tensor piece whose elements sit at known positions of a full tensor; partial res
 disjoint pieces merge by addition and maximum (see ``workbench.statistics``, which also
 holds the numpy reference these kernels are tested against).
 
-Three paths compute the same thing: ``eager`` (plain torch calls, many passes, any
-device), ``compiled`` (``torch.compile``: one fused pass; Triton on GPU) and ``native``
-(a small C++ kernel for CPU tensors, built once per machine with the system compiler:
-one pass, all accumulators in registers, and a call costs microseconds where a compiled
-graph's guards cost ~100). ``accumulate`` picks the fastest path that fits the tensor.
+Four paths compute the same thing: ``eager`` (plain torch calls, many passes, any
+device), ``compiled`` (``torch.compile``: one fused graph), ``native`` (a small C++ kernel
+for CPU tensors, built once per machine with the system compiler: one pass, all
+accumulators in registers, and a call costs microseconds where a compiled graph's guards
+cost ~100) and ``triton`` (``workbench.recorder.triton_pass``, for CUDA tensors: one read,
+one launch, the accumulators added on the device, a start-of-step copy or an update's
+difference taken in the same read). ``accumulate`` picks the fastest path that fits the
+tensor, and ``PATHS`` counts the calls each path took (the run's manifest keeps them).
 The fingerprint is integer arithmetic and therefore bitwise the same on every path and
 device; the float sums agree to rounding.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -136,6 +141,53 @@ def compiled() -> PartialFn:
     return call
 
 
+PATHS: collections.Counter[str] = collections.Counter()
+"""Tensors read by each path in this process (``native``, ``triton``, ``compiled``, ``eager``)."""
+BUILD_FAILURES: dict[str, str] = {}
+"""Per path (and element type) that could not be built here: the compiler's message (the calls went another way)."""
+BUILD_SECONDS: dict[str, float] = {}
+"""Per Triton kernel (element type) built in this process: the seconds its first launch took, build included."""
+
+
+@functools.cache
+def _triton_pass() -> Any:
+    """``workbench.recorder.triton_pass``, or None where Triton is not installed (the CPU wheel of torch)."""
+    try:
+        from workbench.recorder import triton_pass
+    except ImportError:
+        return None
+    return triton_pass
+
+
+def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
+            lanes: torch.Tensor, **how: torch.Tensor | None) -> bool:
+    """Read ``x`` with the Triton kernel (``how``: its ``copy`` or ``before``); False where it does not take
+    the tensor or cannot be built on this GPU. A kernel that fails to build says so once, loudly, at the first
+    recorded step, and the run goes on with the compiled pass (the manifest names both)."""
+    module = _triton_pass()
+    if module is None or not module.takes(x):
+        return False
+    name = f"triton {str(x.dtype).removeprefix('torch.')}"
+    if name in BUILD_FAILURES:
+        return False
+    first = name not in BUILD_SECONDS
+    started = time.perf_counter()
+    try:
+        taken = bool(module.accumulate(x, host_rows(coords), tiny, largest, acc, lanes, **how))
+    except Exception as err:  # the compiler's failure (the data cannot make this kernel raise)
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        BUILD_FAILURES[name] = f"{type(err).__name__}: {' '.join(lines[:3])[:300]}"
+        warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU "
+                      f"({BUILD_FAILURES[name]}); recording {x.dtype} tensors with the compiled pass, "
+                      "several kernels a tensor (the run's manifest says so)", RuntimeWarning, stacklevel=3)
+        return False
+    if taken:
+        if first:
+            BUILD_SECONDS[name] = round(time.perf_counter() - started, 3)
+        PATHS["triton"] += 1
+    return taken
+
+
 def partial_stats(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, *,
                   fn: PartialFn | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sums [8] float64, maxes [3] float64, lane sums [2] int64) of ``x``, on x's device."""
@@ -232,7 +284,11 @@ def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: floa
         x = x.detach().contiguous()
         if x.numel():
             native().accumulate(x, coords, tiny, largest, acc, lanes)
+        PATHS["native"] += 1
         return
+    if fused and _on_gpu(x, coords, tiny, largest, acc, lanes):
+        return
+    PATHS["compiled" if fused else "eager"] += 1
     sums, maxes, part = partial_stats(x, coords, tiny, largest, fn=compiled() if fused else eager())
     acc[:8] += sums
     torch.maximum(acc[8:], maxes, out=acc[8:])
@@ -247,6 +303,7 @@ def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     if on_cpu:
         xs, coords, accs, lanes = (list(column) for column in zip(*on_cpu))
         native().accumulate_many(xs, coords, tiny, largest, accs, lanes)
+        PATHS["native"] += len(xs)
     for x, c, a, lane in items:
         if not (fused and takes_native(x)):
             accumulate(x, c, tiny, largest, a, lane, fused=fused)
@@ -256,17 +313,21 @@ def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.T
                            tiny: float, largest: float, *, fused: bool = True) -> None:
     """``accumulate`` of ``float32(x) - float32(before)`` for each (x, before, coords, acc, lanes) of
     ``items`` (an optimizer step's update). On the CPU one native call reads both tensors and never
-    materialises the difference; elsewhere (and for float64) the difference is taken in torch. Both
-    give the float32 tensor the subtraction gives, so the same fingerprint."""
+    materialises the difference; on a GPU the Triton kernel takes it in registers likewise; elsewhere (and for
+    float64) the difference is taken in torch. All give the float32 tensor the subtraction gives, so the same
+    fingerprint."""
     native_items, others = [], []
     for x, before, c, a, lane in items:
         if fused and takes_native(x) and x.dtype != torch.float64 and x.dtype == before.dtype:
             native_items.append((x.detach().contiguous(), before.contiguous(), c, a, lane))
+        elif fused and _on_gpu(x, c, tiny, largest, a, lane, before=before):
+            continue
         else:
             others.append((x.detach().float() - before.float(), c, a, lane))
     if native_items:
         xs, befores, coords, accs, lanes = (list(column) for column in zip(*native_items))
         native().accumulate_differences(xs, befores, coords, tiny, largest, accs, lanes)
+        PATHS["native"] += len(xs)
     if others:
         accumulate_many(others, tiny, largest, fused=fused)
 
@@ -274,18 +335,22 @@ def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.T
 def accumulate_copies(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
                       tiny: float, largest: float, *, fused: bool = True) -> None:
     """``accumulate`` for each (x, copy, coords, acc, lanes) of ``items``, also copying x into ``copy``: on the
-    CPU in the same native pass (one read of x), elsewhere (and for float64) with ``copy_``."""
+    CPU in the same native pass (one read of x), on a GPU in the Triton kernel's, elsewhere (and for float64)
+    with ``copy_``."""
     native_items = []
     for x, copy, c, a, lane in items:
         if fused and takes_native(x) and x.dtype != torch.float64 and x.is_contiguous() \
                 and copy.is_contiguous():
             native_items.append((x.detach(), copy, c, a, lane))
+        elif fused and _on_gpu(x, c, tiny, largest, a, lane, copy=copy):
+            continue
         else:
             copy.copy_(x.detach())
             accumulate(x, c, tiny, largest, a, lane, fused=fused)
     if native_items:
         xs, copies, coords, accs, lanes = (list(column) for column in zip(*native_items))
         native().accumulate_copies(xs, copies, coords, tiny, largest, accs, lanes)
+        PATHS["native"] += len(xs)
 
 
 def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | None = None) -> torch.Tensor:
@@ -300,6 +365,18 @@ def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | 
 
 
 def coords_tensor(rows: list[list[int]], device: torch.device | None = None) -> torch.Tensor:
-    """int32 [ndim, 2] (offset, stride) rows, each value taken modulo 2^32."""
-    return torch.tensor([[to_signed32(v) for v in row] for row in rows], dtype=torch.int32,
-                        device=device).view(len(rows), 2)
+    """int32 [ndim, 2] (offset, stride) rows, each value taken modulo 2^32 (kept on the host too, for the
+    Triton kernel's scalar arguments)."""
+    coords = torch.tensor([[to_signed32(v) for v in row] for row in rows], dtype=torch.int32,
+                          device=device).view(len(rows), 2)
+    setattr(coords, _ROWS, tuple((to_signed32(offset), to_signed32(stride)) for offset, stride in rows))
+    return coords
+
+
+def host_rows(coords: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
+    """The (offset, stride) rows ``coords_tensor`` made ``coords`` from, or None for a tensor it did not make."""
+    rows: tuple[tuple[int, int], ...] | None = getattr(coords, _ROWS, None)
+    return rows
+
+
+_ROWS = "_workbench_host_rows"

@@ -29,6 +29,7 @@ reduction over ranks (``step_state``); snapshots (``snapshots``); where the hook
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import time
@@ -42,6 +43,7 @@ import torch.distributed as dist
 
 from workbench.config import RecordConfig
 from workbench.errors import ArgumentError
+from workbench.recorder import kernels
 from workbench.recorder.activation_side import ActivationSide
 from workbench.recorder.hooks import Undo, hook_optimizer_step, wrap_finalize
 from workbench.recorder.live import LiveCheck
@@ -53,7 +55,8 @@ from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, owned_targets, parameter_targets
 from workbench.recorder.unrecordable import refusal, replicas, sharded_snapshots, withheld
 from workbench.sites import PARAMETER_KINDS, SiteFilter, site_id, site_matcher
-from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges
+from workbench.store import layout
+from workbench.store.writer import BackgroundWriter, SiteWriter, contiguous_ranges, update_manifest
 
 
 class Recorder:
@@ -96,6 +99,7 @@ class Recorder:
         self._parameters = ParameterSide(targets, slots=self._slots, kinds=kinds, wanted=wanted, owned=owned)
         self._activations = ActivationSide(chunks, slots=self._slots, ranks=ranks, kinds=kinds,
                                            global_batch=global_batch_size or 0, clock=self._clock)
+        self._paths_before = collections.Counter(kernels.PATHS)
         self._begin = self._clock.timed(self._start)
         self._gradients = self._clock.timed(self._parameters.gradients)
         targets = self._parameters.targets
@@ -234,11 +238,21 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if flush and self._rank == 0 and layout.RunPaths(self._run_dir).store.exists():
+                update_manifest(self._run_dir, statistics_paths=self.statistics_paths())
         finally:
             self._activations.hooks.remove()
             for undo in self._undo:
                 undo()
             self._undo = []
+
+    def statistics_paths(self) -> dict[str, Any]:
+        """Which kernels read this rank's tensors (``kernels.PATHS``: tensors read per path since this recorder
+        began), which could not be built on this machine and why, and what building the Triton ones took."""
+        calls = collections.Counter(kernels.PATHS)
+        calls.subtract(self._paths_before)
+        return {"tensors_read": {path: n for path, n in sorted(calls.items()) if n > 0},
+                "build_failures": dict(kernels.BUILD_FAILURES), "build_seconds": dict(kernels.BUILD_SECONDS)}
 
     def __enter__(self) -> Recorder:
         return self

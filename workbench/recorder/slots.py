@@ -112,6 +112,7 @@ class Slots:
         if slot.native:  # hundreds of calls a step: straight to the kernel
             kernels.native().accumulate(tensor if tensor.is_contiguous() else tensor.contiguous(), slot.coords,
                                         self._tiny, self._largest, acc.acc, acc.lanes)
+            kernels.PATHS["native"] += 1
         else:
             kernels.accumulate(tensor, slot.coords, self._tiny, self._largest, acc.acc, acc.lanes, fused=self._fused)
 

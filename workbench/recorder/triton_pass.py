@@ -1,0 +1,315 @@
+"""The statistics and fingerprint of a GPU tensor in one Triton kernel: one read of the tensor, one launch.
+
+``accumulate`` adds the ``workbench.statistics`` vector and fingerprint lanes of a tensor (or shard, or a slice
+of an activation) into a site's accumulators on the device, as ``kernels.accumulate`` does, and optionally in
+the same read copies the tensor into a buffer (the optimizer's start-of-step copy) or reads the difference of
+two tensors in registers (``update = after - before``, never materialised). Arguments are pointers and
+scalars: nothing is allocated and nothing is read back per launch, so the training stream never waits.
+
+The kernel, per program (a persistent grid of at most ``programs`` programs, each looping over tiles):
+
+* the fingerprint lanes: integer words summed modulo 2^32 (any order gives the same bits);
+* counts and extremes: exact (integers, and maxima of the values themselves);
+* sums in float32 per element lane, merged in float64 at the end. A tile holding any NaN, Inf or value past
+  2^32 (or past the run precision's largest) is summed in float64 instead, so huge values neither overflow a
+  float32 partial nor lose the small ones beside them;
+* its partials are written to a workspace; the last program to finish (an atomic counter) reduces them in
+  program order and adds them into the accumulators. No float atomics: two runs give the same bits.
+
+One kernel per element type (``KINDS``); the mode (plain, copy, difference) and the number of dimensions after
+merging those that are contiguous in the full tensor (1, 2 or 3; a 4-D placement that does not merge goes the
+compiled way) are scalar arguments, branches taken once per tile, so six kernels cover every call (a build test
+compiles each for sm_80 and sm_90 in a few seconds). Under ``TRITON_INTERPRET=1`` the same kernel runs on CPU
+tensors (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.statistics import to_signed32
+
+KINDS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3,
+                                 torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
+"""The element types the kernel reads, each its own specialisation."""
+_WORDS = {0: torch.int32, 1: torch.int16, 2: torch.int16, 3: torch.int32, 4: torch.uint8, 5: torch.uint8}
+PLAIN, COPY, DIFFERENCE = 0, 1, 2
+MODES = (PLAIN, COPY, DIFFERENCE)
+BLOCK = 1024
+MAX_PROGRAMS = 1024
+_COLUMNS = 16  # per program: 8 sums, 3 maxima, 2 lanes (and room)
+_LARGEST_INDEX = 2**31 - 2 * BLOCK  # element offsets are int32 in the kernel
+
+@triton.jit
+def _mix(word, index, INDEX_MULT: tl.constexpr, MIX_MULT: tl.constexpr, BEFORE: tl.constexpr,
+         AFTER: tl.constexpr):
+    """One fingerprint lane's word (``workbench.statistics``): uint32 arithmetic, wrapping."""
+    v = word ^ (index * INDEX_MULT)
+    v = (v ^ (v >> BEFORE)) * MIX_MULT
+    return v ^ (v >> AFTER)
+
+
+@triton.jit
+def _bits(raw, KIND: tl.constexpr):
+    """The element's bits, zero-extended to uint32, from its loaded word (int32, int16 or uint8)."""
+    if KIND == 0:
+        return raw.to(tl.uint32, bitcast=True)
+    elif KIND == 1 or KIND == 2:
+        return (raw.to(tl.int32) & 0xFFFF).to(tl.uint32, bitcast=True)
+    else:
+        return raw.to(tl.uint32)
+
+
+@triton.jit
+def _value(raw, KIND: tl.constexpr):
+    """The element's value as float32, decoded with integer arithmetic where a bitcast is not exact everywhere
+    (the interpreter's bfloat16 bitcast gets subnormals wrong; float8 has no conversion on sm_80)."""
+    if KIND == 0:
+        return raw.to(tl.float32, bitcast=True)
+    elif KIND == 1:
+        return ((raw.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    elif KIND == 2:
+        return raw.to(tl.float16, bitcast=True).to(tl.float32)
+    elif KIND == 5:  # e5m2: the top byte of a float16
+        return (raw.to(tl.int32) << 8).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:  # e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, NaN at S.1111.111
+        b = raw.to(tl.int32)
+        exponent = (b >> 3) & 15
+        mantissa = b & 7
+        sign = (b >> 7) << 31
+        normal = (sign | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+        subnormal = mantissa.to(tl.float32) * 0.001953125  # m * 2^-9, exact
+        subnormal = tl.where(sign != 0, -subnormal, subnormal)
+        value = tl.where(exponent == 0, subnormal, normal)
+        return tl.where((exponent == 15) & (mantissa == 7), float("nan"), value)
+
+
+@triton.jit
+def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, size2, stride0, stride1, stride2,
+                       tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
+                       KIND: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles = (n + BLOCK - 1) // BLOCK
+    WIDE: tl.constexpr = KIND == 3
+    ACC: tl.constexpr = tl.float64 if WIDE else tl.float32
+    lane_a = tl.zeros([BLOCK], tl.uint32)
+    lane_b = tl.zeros([BLOCK], tl.uint32)
+    total = tl.zeros([BLOCK], ACC)
+    total_sq = tl.zeros([BLOCK], ACC)
+    rare_total = tl.zeros([BLOCK], tl.float64)
+    rare_sq = tl.zeros([BLOCK], tl.float64)
+    count = tl.zeros([BLOCK], tl.int32)
+    zeros = tl.zeros([BLOCK], tl.int32)
+    under = tl.zeros([BLOCK], tl.int32)
+    nans = tl.zeros([BLOCK], tl.int32)
+    infs = tl.zeros([BLOCK], tl.int32)
+    over = tl.zeros([BLOCK], tl.int32)
+    top = tl.full([BLOCK], float("-inf"), ACC)
+    neg_bottom = tl.full([BLOCK], float("-inf"), ACC)
+    magnitude_top = tl.full([BLOCK], float("-inf"), ACC)
+    base_u = base.to(tl.uint32, bitcast=True)
+    stride0_u = stride0.to(tl.uint32, bitcast=True)
+    stride1_u = stride1.to(tl.uint32, bitcast=True)
+    stride2_u = stride2.to(tl.uint32, bitcast=True)
+    for tile in range(pid, tiles, programs):
+        offsets = tile * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        # mode and dims are uniform branches (one per tile), not specialisations: one kernel per element type
+        if WIDE:  # float64: lane A reads the low word, lane B the high one
+            low = tl.load(x_ptr + 2 * offsets, mask=mask, other=0)
+            high = tl.load(x_ptr + 2 * offsets + 1, mask=mask, other=0)
+            if mode == 1:
+                tl.store(copy_ptr + 2 * offsets, low, mask=mask)
+                tl.store(copy_ptr + 2 * offsets + 1, high, mask=mask)
+            word_a = low.to(tl.uint32, bitcast=True)
+            word_b = high.to(tl.uint32, bitcast=True)
+            value = ((high.to(tl.int64) << 32) | (low.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64, bitcast=True)
+        else:
+            raw = tl.load(x_ptr + offsets, mask=mask, other=0)
+            value = _value(raw, KIND)
+            word_a = _bits(raw, KIND)
+            if mode == 1:
+                tl.store(copy_ptr + offsets, raw, mask=mask)
+            if mode == 2:  # the float32 difference, computed in registers; its bits are what is fingerprinted
+                value = value - _value(tl.load(other_ptr + offsets, mask=mask, other=0), KIND)
+                word_a = value.to(tl.uint32, bitcast=True)
+            word_b = word_a
+        # the element's row-major index in the full tensor, modulo 2^32
+        if dims == 1:
+            index = base_u + offsets.to(tl.uint32) * stride0_u
+        elif dims == 2:
+            index = base_u + (offsets // size1).to(tl.uint32) * stride0_u + (offsets % size1).to(tl.uint32) * stride1_u
+        else:
+            rest = offsets // size2
+            index = (base_u + (rest // size1).to(tl.uint32) * stride0_u + (rest % size1).to(tl.uint32) * stride1_u
+                     + (offsets % size2).to(tl.uint32) * stride2_u)
+        lane_a += tl.where(mask, _mix(word_a, index, 0x9E3779B9, 0x85EBCA6B, 16, 13), 0)
+        lane_b += tl.where(mask, _mix(word_b, index, 0x27D4EB2F, 0xC2B2AE35, 15, 16), 0)
+
+        magnitude = tl.abs(value)
+        finite = magnitude <= largest_of(ACC)
+        count += mask.to(tl.int32)
+        zeros += (mask & (value == 0)).to(tl.int32)
+        under += (mask & (magnitude > 0) & (magnitude < tiny)).to(tl.int32)
+        kept = mask & finite
+        top = tl.maximum(top, tl.where(kept, value, float("-inf")))
+        neg_bottom = tl.maximum(neg_bottom, tl.where(kept, -value, float("-inf")))
+        magnitude_top = tl.maximum(magnitude_top, tl.where(kept, magnitude, float("-inf")))
+        rare = mask & ((magnitude > fast_limit) | (value != value))  # NaN, Inf, or past 2^32 or the largest
+        if tl.max(rare.to(tl.int32), axis=0) == 0:
+            common = tl.where(mask, value, 0.0).to(ACC)
+            total += common
+            total_sq += common * common
+        else:
+            nans += (mask & (value != value)).to(tl.int32)
+            infs += (mask & (magnitude == float("inf"))).to(tl.int32)
+            over += (kept & (magnitude > largest)).to(tl.int32)
+            wide = tl.where(kept, value, 0.0).to(tl.float64)
+            rare_total += wide
+            rare_sq += wide * wide
+
+    row = partials_ptr + pid * 16
+    tl.store(row + 0, tl.sum(count, axis=0).to(tl.float64))
+    tl.store(row + 1, tl.sum(total.to(tl.float64), axis=0) + tl.sum(rare_total, axis=0))
+    tl.store(row + 2, tl.sum(total_sq.to(tl.float64), axis=0) + tl.sum(rare_sq, axis=0))
+    tl.store(row + 3, tl.sum(nans, axis=0).to(tl.float64))
+    tl.store(row + 4, tl.sum(infs, axis=0).to(tl.float64))
+    tl.store(row + 5, tl.sum(zeros, axis=0).to(tl.float64))
+    tl.store(row + 6, tl.sum(under, axis=0).to(tl.float64))
+    tl.store(row + 7, tl.sum(over, axis=0).to(tl.float64))
+    tl.store(row + 8, tl.max(top, axis=0).to(tl.float64))
+    tl.store(row + 9, tl.max(neg_bottom, axis=0).to(tl.float64))
+    tl.store(row + 10, tl.max(magnitude_top, axis=0).to(tl.float64))
+    tl.store(row + 11, tl.sum(lane_a, axis=0).to(tl.float64))
+    tl.store(row + 12, tl.sum(lane_b, axis=0).to(tl.float64))
+    tl.debug_barrier()  # every thread's partials are written before this program counts itself done
+    finished = tl.atomic_add(counter_ptr, 1)  # acq_rel: the last program sees every program's partials
+    if finished == programs - 1:
+        rows = tl.arange(0, MAX_PROGRAMS)
+        present = rows < programs
+        cells = partials_ptr + rows * 16
+        for k in tl.static_range(8):  # sums, in program order
+            tl.store(acc_ptr + k, tl.load(acc_ptr + k) + tl.sum(tl.load(cells + k, mask=present, other=0.0), axis=0))
+        for k in tl.static_range(8, 11):  # maxima
+            part = tl.max(tl.load(cells + k, mask=present, other=float("-inf")), axis=0)
+            tl.store(acc_ptr + k, tl.maximum(tl.load(acc_ptr + k), part))
+        for k in tl.static_range(2):  # lanes: each program's sum is below 2^32, their sum exact in float64
+            words = tl.sum(tl.load(cells + 11 + k, mask=present, other=0.0), axis=0).to(tl.int64)
+            tl.store(lanes_ptr + k, (tl.load(lanes_ptr + k) + words) & 0xFFFFFFFF)
+        tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch on this stream
+
+
+@triton.jit
+def largest_of(ACC: tl.constexpr):
+    """The largest finite value of the accumulator type (a value past it is an infinity)."""
+    if ACC == tl.float64:
+        return 1.7976931348623157e308
+    else:
+        return 3.4028234663852886e38
+
+
+@functools.cache
+def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(partials [MAX_PROGRAMS, 16] float64, counter [1] int32, programs per launch) of ``device``: allocated
+    once, so that no launch allocates (a captured CUDA graph stays valid). Launches on one stream take turns."""
+    partials = torch.zeros((MAX_PROGRAMS, _COLUMNS), dtype=torch.float64, device=device)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    programs = 4 if device.type == "cpu" else min(MAX_PROGRAMS,
+                                                  4 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return partials, counter, programs
+
+
+def shape_rows(shape: tuple[int, ...], rows: tuple[tuple[int, int], ...]) -> tuple[int, list[int], list[int]] | None:
+    """(base, sizes, strides) of the element index ``base + sum(position_k * stride_k)`` (modulo 2^32) over
+    at most 3 dimensions: size-1 dimensions dropped, neighbours that are contiguous in the full tensor
+    merged; None if more than 3 remain."""
+    mask = (1 << 32) - 1
+    base = sum(offset * stride for offset, stride in rows) & mask
+    sizes: list[int] = []
+    strides: list[int] = []
+    for size, (_, stride) in zip(shape, rows):
+        if size == 1:
+            continue
+        if sizes and strides[-1] & mask == (size * stride) & mask:
+            sizes[-1] *= size
+            strides[-1] = stride
+        else:
+            sizes.append(size)
+            strides.append(stride)
+    if len(sizes) > 3:
+        return None
+    return base, sizes or [1], strides or [1]
+
+
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+"""Whether this module's kernels were made for Triton's interpreter (``TRITON_INTERPRET=1`` when it was
+imported): they then read CPU tensors, and only those."""
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether the kernel reads ``x``: a CUDA tensor (a CPU one under the interpreter) of a type it knows, of
+    fewer than 2^31 elements."""
+    return (x.device.type == "cpu" if INTERPRETED else x.is_cuda) and x.dtype in KINDS and x.numel() < _LARGEST_INDEX
+
+
+def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: float, largest: float,
+               acc: torch.Tensor, lanes: torch.Tensor, *, copy: torch.Tensor | None = None,
+               before: torch.Tensor | None = None) -> bool:
+    """Add ``x``'s statistics and lanes into ``acc`` (float64 [11]) and ``lanes`` (int64 [2]) in one launch;
+    ``rows``: the (offset, stride) in the full tensor of each of x's dimensions (``kernels.host_rows``). With
+    ``copy``, also copy x into it in the same read; with ``before`` (x's type and shape), read
+    ``float32(x) - float32(before)`` instead. False (nothing done) if this kernel does not take the tensor."""
+    if rows is None or not takes(x) or (before is not None and (before.dtype != x.dtype or before.shape != x.shape
+                                                                or x.dtype == torch.float64)):
+        return False
+    x = x.detach()
+    if not x.is_contiguous() or (copy is not None and not copy.is_contiguous()):
+        return False
+    layout = shape_rows(tuple(x.shape), rows)
+    if layout is None:
+        return False
+    n = x.numel()
+    if n == 0:
+        return True
+    base, sizes, strides = layout
+    dims = len(sizes)
+    sizes += [1] * (3 - dims)
+    strides += [0] * (3 - len(strides))
+    kind = KINDS[x.dtype]
+    words = _WORDS[kind]
+    mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
+    partials, counter, programs = _workspace(x.device)
+    grid = (min(programs, triton.cdiv(n, BLOCK)),)
+    source = x.view(words)
+    _statistics_kernel[grid](
+        source, source if before is None else before.detach().contiguous().view(words),
+        source if copy is None else copy.view(words), n, mode, dims, to_signed32(base), sizes[1], sizes[2],
+        to_signed32(strides[0]), to_signed32(strides[1]), to_signed32(strides[2]), tiny, largest,
+        min(largest, 2.0**32), partials, counter, acc, lanes,
+        KIND=kind, BLOCK=BLOCK, MAX_PROGRAMS=MAX_PROGRAMS)
+    return True
+
+
+def build(kind: int, capability: int) -> Any:
+    """The kernel for the element type ``kind`` (``KINDS``) compiled for an NVIDIA GPU of compute capability
+    ``capability`` (80: A100, 90: H100 and H200), with no GPU needed: the tests build every kernel for both, so
+    that one that cannot be built fails there and not in a user's run."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    words = {torch.int32: "*i32", torch.int16: "*i16", torch.uint8: "*u8"}[_WORDS[kind]]
+    signature = {"x_ptr": words, "other_ptr": words, "copy_ptr": words, "partials_ptr": "*fp64",
+                 "counter_ptr": "*i32", "acc_ptr": "*fp64", "lanes_ptr": "*i64",
+                 **{name: "i32" for name in ("n", "mode", "dims", "base", "size1", "size2", "stride0", "stride1",
+                                             "stride2")},
+                 **{name: "fp32" for name in ("tiny", "largest", "fast_limit")},
+                 **{name: "constexpr" for name in ("KIND", "BLOCK", "MAX_PROGRAMS")}}
+    constants = {"KIND": kind, "BLOCK": BLOCK, "MAX_PROGRAMS": MAX_PROGRAMS}
+    return triton.compile(ASTSource(_statistics_kernel, signature, constants),
+                          target=GPUTarget("cuda", capability, 32))
