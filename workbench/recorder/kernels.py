@@ -367,8 +367,11 @@ def identity_coords(shape: tuple[int, ...] | torch.Size, device: torch.device | 
 def coords_tensor(rows: list[list[int]], device: torch.device | None = None) -> torch.Tensor:
     """int32 [ndim, 2] (offset, stride) rows, each value taken modulo 2^32 (kept on the host too, for the
     Triton kernel's scalar arguments)."""
-    coords = torch.tensor([[to_signed32(v) for v in row] for row in rows], dtype=torch.int32,
-                          device=device).view(len(rows), 2)
+    coords = torch.tensor([[to_signed32(v) for v in row] for row in rows], dtype=torch.int32).view(len(rows), 2)
+    if device is not None and torch.device(device).type == "cuda":  # from pinned memory: the stream never waits
+        coords = coords.pin_memory().to(device, non_blocking=True)
+    elif device is not None:
+        coords = coords.to(device)
     setattr(coords, _ROWS, tuple((to_signed32(offset), to_signed32(stride)) for offset, stride in rows))
     return coords
 

@@ -51,7 +51,7 @@ from workbench.recorder.parameter_side import ParameterSide
 from workbench.recorder.registry import SiteRegistry
 from workbench.recorder.slots import Slots, Stopwatch
 from workbench.recorder.snapshots import write_snapshots
-from workbench.recorder.step_state import PendingStep, StepState, reduce_pending
+from workbench.recorder.step_state import PendingStep, Reduction, StepState, launch_reduction
 from workbench.recorder.targets import ParallelRanks, all_gather_objects, owned_targets, parameter_targets
 from workbench.recorder.unrecordable import refusal, replicas, sharded_snapshots, withheld
 from workbench.sites import PARAMETER_KINDS, SiteFilter, site_id, site_matcher
@@ -201,25 +201,27 @@ class Recorder:
     def _flush(self) -> None:
         if not self._pending or self._registry.sites is None:
             return
-        reduced = reduce_pending(self._pending, self._registry.index, self._device, rank=self._rank)
+        reduction = launch_reduction(self._pending, self._registry.index, self._device, rank=self._rank)
         self._pending = []
-        if reduced is not None:
-            rows, stats, fingerprints = reduced
-            if self.live is not None:  # rank 0, the numbers on the host already
-                steps = {row: step for step, row in self._rows.items()}
-                self.live.sites([steps[r] for r in rows], self._registry.sites, fingerprints, stats)
-            position = 0
-            for first, stop in contiguous_ranges(rows):
-                block = slice(position, position + stop - first)
-                position += stop - first
-                self._background().submit(functools.partial(self._write_rows, first, stats[block],
-                                                            fingerprints[block]))
+        if reduction is None:
+            return
+        if self.live is not None:  # rank 0 compares now: the run may have to stop at this flush
+            rows, stats, fingerprints = reduction.result()
+            steps = {row: step for step, row in self._rows.items()}
+            self.live.sites([steps[r] for r in rows], self._registry.sites, fingerprints, stats)
+        # otherwise the writer's thread waits for the numbers (on a GPU, a side stream's copy to the host)
+        self._background().submit(functools.partial(self._write_reduction, reduction))
 
-    def _write_rows(self, first: int, stats: np.ndarray, fingerprints: np.ndarray) -> None:
-        """On the writer thread: the rows of one flush (the sites group is opened at the first)."""
+    def _write_reduction(self, reduction: Reduction) -> None:
+        """On the writer thread: the rows of one flush, once on the host (the sites group is opened at the first)."""
+        rows, stats, fingerprints = reduction.result()
         if self._site_writer is None:
             self._site_writer = SiteWriter(self._run_dir)
-        self._site_writer.write(first, stats, fingerprints)
+        position = 0
+        for first, stop in contiguous_ranges(rows):
+            block = slice(position, position + stop - first)
+            position += stop - first
+            self._site_writer.write(first, stats[block], fingerprints[block])
 
     def _background(self) -> BackgroundWriter:
         if self._writer is None:

@@ -3,13 +3,16 @@
 Each site recorded in a step gets a row of accumulators, float64 [11] (8 sums, then max,
 -min, absmax) and int64 [2] (fingerprint lane sums), handed out as rows of blocks of 64 (one
 allocation per 64 sites); every micro-batch adds into its site's row. At the end of the step
-the rows become a ``PendingStep``; ``reduce_pending`` adds (and maxes) the pending steps over
-every rank in three all-reduces per flush, never a gather of tensors, and returns their
-statistics and fingerprints in the registry's order (collective).
+the rows become a ``PendingStep``; ``launch_reduction`` adds (and maxes) the pending steps over
+every rank in three all-reduces per flush, never a gather of tensors (on a GPU on a side stream,
+copied to pinned host memory there), and its ``Reduction`` gives their statistics and
+fingerprints in the registry's order once they are on the host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,26 +81,66 @@ class StepState:
         return PendingStep(row, sites, acc[:, :8], acc[:, 8:], lanes)
 
 
-def reduce_pending(pending: list[PendingStep], index: dict[str, int], device: torch.device, *,
-                   rank: int) -> tuple[list[int], np.ndarray, np.ndarray] | None:
-    """(rows, stats [k, sites, stat] float64, fingerprints [k, sites] uint64) of the pending steps, summed
-    over every rank (collective); None on every rank but global rank 0."""
-    n, k = len(index), len(pending)
-    sums = torch.zeros(k, n, 8, dtype=torch.float64, device=device)
-    maxes = torch.full((k, n, 3), float("-inf"), dtype=torch.float64, device=device)
-    lanes = torch.zeros(k, n, 2, dtype=torch.int64, device=device)
-    for i, step in enumerate(pending):
-        if step.sites:
-            where = torch.tensor([index[s] for s in step.sites], device=device)
-            sums[i, where] = step.sums.to(device)
-            maxes[i, where] = step.maxes.to(device)
-            lanes[i, where] = step.lanes.to(device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(sums)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-        dist.all_reduce(lanes)
-    if rank != 0:
-        return None
-    stats = assemble(sums.cpu().numpy(), maxes.cpu().numpy())       # one host copy per flush
-    fingerprints = pack_fingerprints(lanes.cpu().numpy())
-    return [p.row for p in pending], stats, fingerprints
+class Reduction:
+    """The pending steps of one flush, summed over every rank: on a GPU computed on a side stream and copied to
+    pinned host memory there, so that the training stream never waits; ``result`` waits for it (on the writer's
+    thread, or at once where the numbers are needed now)."""
+
+    def __init__(self, rows: list[int], sums: torch.Tensor, maxes: torch.Tensor, lanes: torch.Tensor,
+                 done: torch.cuda.Event | None) -> None:
+        self._rows, self._sums, self._maxes, self._lanes, self._done = rows, sums, maxes, lanes, done
+
+    def result(self) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """(rows, stats [k, sites, stat] float64, fingerprints [k, sites] uint64)."""
+        if self._done is not None:
+            self._done.synchronize()
+        stats = assemble(self._sums.numpy(), self._maxes.numpy())
+        return self._rows, stats, pack_fingerprints(self._lanes.numpy())
+
+
+def _upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``: from pinned memory without waiting, on a GPU."""
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
+def launch_reduction(pending: list[PendingStep], index: dict[str, int], device: torch.device, *,
+                     rank: int) -> Reduction | None:
+    """Start summing the pending steps over every rank (collective: three all-reduces, on a GPU on a side stream
+    that waits for the training stream's work, never the other way round). None on every rank but global rank
+    0, which gets the ``Reduction`` to wait on."""
+    on_gpu = device.type == "cuda"
+    side = _side_stream(device) if on_gpu else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        n, k = len(index), len(pending)
+        sums = torch.zeros(k, n, 8, dtype=torch.float64, device=device)
+        maxes = torch.full((k, n, 3), float("-inf"), dtype=torch.float64, device=device)
+        lanes = torch.zeros(k, n, 2, dtype=torch.int64, device=device)
+        for i, step in enumerate(pending):
+            if step.sites:
+                where = _upload([index[s] for s in step.sites], device)
+                for target, part in ((sums, step.sums), (maxes, step.maxes), (lanes, step.lanes)):
+                    if side is not None and part.device == device:  # made on the training stream, read here
+                        part.record_stream(side)
+                    target[i, where] = part.to(device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums)
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+            dist.all_reduce(lanes)
+        if rank != 0:
+            return None
+        if side is None:
+            return Reduction([p.row for p in pending], sums.cpu(), maxes.cpu(), lanes.cpu(), None)
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (sums, maxes, lanes)]
+        for target, source in zip(host, (sums, maxes, lanes)):
+            target.copy_(source, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    return Reduction([p.row for p in pending], host[0], host[1], host[2], done)
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
