@@ -1,33 +1,41 @@
-"""GPU check: a deterministic and a nondeterministic pair with NCCL on whatever GPUs are present.
+"""GPU check: one script of at most five minutes (``--budget``), its parts in priority order.
 
-    python benchmarks/gpu_check.py [--steps 30] [--out DIR]
+    python benchmarks/gpu_check.py [--budget 300] [--steps 30] [--out DIR]
+    python benchmarks/gpu_check.py --cpu      # a dry run on the CPU: every part on a tiny model
 
-Skipped (exit 0, one line) where no GPU exists; the project never depends on it. On a
-machine with N GPUs it trains a bf16 GPT (8 layers, hidden 1024, seq 512) with DP=N twice
-in deterministic mode and twice in Megatron's default (fast, nondeterministic) mode, all
-sites recorded on every second step, and prints:
+Skipped (exit 0, one line) where no GPU exists; the project never depends on it. It prints the device, driver,
+torch and Triton, then, each part skipped with a line once the budget is spent:
 
-* whether the deterministic pair is bitwise identical (fingerprints at every recorded step)
-  and where the nondeterministic pair first differs (step, then site in execution order);
-* the recorder overhead: median step time of recorded over unrecorded steps;
-* the cost of deterministic mode: median step time, deterministic over default (unrecorded
-  steps only, so the recorder is excluded);
-* the statistics + fingerprint pass on the device (``torch.compile``, Triton) over 64 M-element
-  fp32 and bf16 tensors: its read rate as a fraction of the device's read bandwidth, taken as
-  that of a plain ``torch.sum`` of the same tensor in the same loop;
-* per nondeterminism source (``workbench.determinism.SOURCES``), one knob at a time: a run with
-  that source alone on against one with every source off, as a table (first divergent step and
-  site, final relative difference, and the tokens/s that making the source deterministic costs,
-  with its bootstrap interval). A source the machine cannot switch (Transformer Engine absent;
-  the all-reduce's association on fewer than three GPUs) is listed with the reason;
-* Megatron-LM's own ``pretrain()`` (megatron-core 0.19+) recorded twice by the launcher
-  (``torchrun -m workbench.megatron_lm tests/integration/pretrain_gpt.py ... --workbench-run DIR``, NCCL,
-  DP=N, ``--deterministic-mode``): whether the two are bitwise identical, and the step time.
+1. **correctness**: the Triton statistics kernel on the device against the numpy reference (fingerprints,
+   counts and extremes bitwise, sums to rounding) for every element type, NaN, +-Inf, +-0, subnormals, values
+   past 2^60, wrapped indices, tensor-parallel shards that merge, an activation placement, a copy and an
+   update's difference; every case twice, the two compared bitwise;
+2. **statistics pass**: its read rate against ``torch.sum`` and a copy of the same tensor at 1, 16 and 64 M
+   elements, fp32 and bf16 (CUDA events, medians of 20), and the compiled pass (the fallback) at 64 M;
+3. **recorded step** (one process, the model below, Megatron's distributed optimizer): the step time recorded
+   every step and every 10th step against unrecorded steps; kernel launches a recorded step adds; the syncs the
+   recorder makes on the training stream (``torch.cuda.set_sync_debug_mode``), on a step without a flush and
+   on a flush; the device memory a recorded step adds beyond the start-of-step copy of the parameters;
+4. **pair**: on every GPU (DP=N, NCCL) a deterministic and a nondeterministic pair, recorded every second step:
+   whether the deterministic pair is bitwise identical, where the other first differs, and the deterministic /
+   default step time;
+5. **pretrain()**: Megatron-LM's own loop (megatron-core 0.19+) recorded twice by the launcher
+   (``torchrun -m workbench.megatron_lm tests/integration/pretrain_gpt.py ... --workbench-run DIR``): whether
+   the two are bitwise identical;
+6. **per source**: each nondeterminism source alone against every source off (first divergence, final
+   difference, the tokens/s that making it deterministic costs). A source the machine cannot switch is listed
+   with the reason.
+
+The model: a bf16 GPT of 8 layers, hidden 1024, sequence 512, vocabulary 32,768, 4 micro-batches of 4
+(168 M parameters). ``--cpu`` runs the Triton kernel under Triton's interpreter on small tensors and the rest
+on a tiny model with gloo: it checks this script, and measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
 import traceback
@@ -35,6 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+if "--cpu" in sys.argv[1:]:  # the kernel under Triton's interpreter: set before triton is first imported
+    os.environ["TRITON_INTERPRET"] = "1"
 
 MODEL = {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 32768, "seq_length": 512,
          "micro_batch_size": 4}
@@ -62,41 +73,245 @@ def first_difference(a, b) -> str:  # type: ignore[no-untyped-def]
     return "none: bitwise identical at every recorded step"
 
 
-def pass_bandwidth() -> None:
-    """The recorder's statistics pass on the GPU against a plain reduction of the same tensor."""
-    import time
-
+def correctness(device: str) -> None:
+    """The Triton kernel on ``device`` (the interpreter's on "cpu") against the numpy reference, every case twice."""
     import torch
 
-    from workbench.recorder import kernels
+    from workbench.recorder import kernels, triton_pass
+    from workbench.statistics import (
+        PRECISION_LIMITS,
+        STAT_NAMES,
+        assemble,
+        fingerprint_reference,
+        pack_fingerprint,
+        stats_reference,
+    )
 
-    compiled = kernels.compiled()
+    n = 5000 if device == "cpu" else 1 << 20
+    exact = [i for i, name in enumerate(STAT_NAMES) if name not in ("sum", "sum_sq", "l2")]
+    special = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, 1.01e-39, 6e-8, 2.0**-9, 2.0**61, 448.0]
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+    def run(x, rows, precision, **how):  # type: ignore[no-untyped-def]
+        acc, lanes = kernels.new_accumulators(x.device)
+        assert triton_pass.accumulate(x, rows, *PRECISION_LIMITS[precision], acc, lanes, **how), "not taken"
+        return acc.cpu(), lanes.cpu()
+
+    cases = []
+    generator = torch.Generator().manual_seed(0)
+    for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16"),
+                             (torch.float64, "fp32"), (torch.float8_e4m3fn, "fp8"), (torch.float8_e5m2, "fp8")):
+        values = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+        values[: len(special) * 3: 3] = torch.tensor(special, dtype=torch.float64)
+        cases.append((str(dtype).removeprefix("torch."), values.to(dtype), kernels.identity_coords((n,)), None,
+                      precision, {}))
+    x = torch.randn(2, n // 2, generator=generator)
+    cases.append(("indices past 2^32", x, kernels.coords_tensor([[0, n], [2**32 - 700, 1]]),
+                  (np.arange(2)[:, None] * n + 2**32 - 700 + np.arange(n // 2)[None, :]).astype(np.uint64), "fp32", {}))
+    full = torch.randn(4, 8, n // 32, generator=generator).to(torch.bfloat16)  # [samples, seq, hidden]
+    local = full[2:].transpose(0, 1).contiguous()  # the second micro-batch, as Megatron holds it
+    from workbench.recorder.placement import activation_placement
+
+    placement = activation_placement(tuple(local.shape), sample_offset=2, global_batch=4, feature_shard=None,
+                                     tp_rank=0)
+    index = (np.arange(4 * 8 * (n // 32)).reshape(4, 8, -1)[2:].transpose(1, 0, 2)).astype(np.uint64)
+    cases.append(("activation placement", local, placement.coords(torch.device("cpu")), index, "bf16", {}))
+    weight = torch.randn(64, n // 64, generator=generator).to(torch.bfloat16)
+    shard = weight[:, n // 128:].contiguous()  # a row-parallel shard: the second half of every row
+    index = (np.arange(64)[:, None] * (n // 64) + n // 128 + np.arange(n // 128)[None, :]).astype(np.uint64)
+    cases.append(("TP shard", shard, kernels.coords_tensor([[0, n // 64], [n // 128, 1]]), index, "bf16", {}))
+    before = torch.randn(n, generator=generator).to(torch.bfloat16)
+    cases.append(("update difference", (before.float() + 1e-3).to(torch.bfloat16), kernels.identity_coords((n,)),
+                  None, "fp32", {"before": before}))
+    cases.append(("copy", before, kernels.identity_coords((n,)), None, "bf16", {"copy": True}))
+    failures = 0
+    for name, x, coords, index, precision, how in cases:
+        rows = kernels.host_rows(coords)
+        on = x.to(device)
+        if "before" in how:
+            how = {"before": how["before"].to(device)}
+            reference = (x.float() - how["before"].cpu().float())
+        else:
+            reference = x
+        results, copies = [], []
+        for _ in range(2):
+            copy = torch.empty_like(on) if "copy" in how else None
+            results.append(run(on, rows, precision, **({"copy": copy} if copy is not None else how)))
+            copies.append(copy)
+        acc, lanes = results[0]
+        fingerprint = pack_fingerprint(*lanes.tolist())
+        expected = fingerprint_reference(reference.view(words[reference.element_size()]).numpy(), index)
+        stats = assemble(acc[:8].numpy(), acc[8:].numpy())
+        want = stats_reference(reference.double().numpy(), precision)
+        problems = []
+        if fingerprint != expected:
+            problems.append(f"fingerprint {fingerprint:016x} != reference {expected:016x}")
+        if not np.array_equal(stats[exact], want[exact], equal_nan=True):
+            problems.append(f"counts or extremes {stats[exact]} != {want[exact]}")
+        if not np.allclose(stats, want, rtol=2e-6, equal_nan=True):
+            problems.append(f"sums {stats[1:3]} != {want[1:3]}")
+        if not (torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])):
+            problems.append("the two runs differ")
+        if copies[0] is not None and not torch.equal(copies[0].cpu().view(torch.uint8), x.view(torch.uint8)):
+            problems.append("the copy differs")
+        failures += bool(problems)
+        print(f"  {name:>22}: {'ok' if not problems else 'WRONG: ' + '; '.join(problems)}", flush=True)
+    print(f"correctness: {len(cases) - failures} of {len(cases)} cases bitwise as the reference, each twice alike")
+
+
+def _cuda_timed(fn, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
+    """Median seconds of ``fn`` over ``repeats`` runs, timed with CUDA events (after one warm-up)."""
+    import torch
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+    return float(np.median(times))
+
+
+def pass_bandwidth() -> None:
+    """The recorder's statistics pass on the GPU against a plain reduction and a copy of the same tensor."""
+    import torch
+
+    from workbench.recorder import kernels, triton_pass
+
+    print(f"{'dtype':>8} {'elements':>9} {'pass GB/s':>10} {'sum GB/s':>9} {'copy GB/s':>10} {'pass/sum':>9} "
+          f"{'pass/copy':>10} {'launches':>9}")
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(64 * 2**20, device="cuda").to(dtype)
-        coords = kernels.identity_coords(x.shape, x.device)
-
-        def timed(fn) -> float:  # type: ignore[no-untyped-def]
-            fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(7):
-                start = time.perf_counter()
-                fn()
+        for millions in (1, 16, 64):
+            x = torch.randn(millions << 20, device="cuda").to(dtype)
+            rows = kernels.host_rows(kernels.identity_coords(x.shape, x.device))
+            acc, lanes = kernels.new_accumulators(x.device)
+            target = torch.empty_like(x)
+            pass_s = _cuda_timed(lambda x=x, rows=rows, acc=acc, lanes=lanes:
+                                 triton_pass.accumulate(x, rows, 1e-38, 1e38, acc, lanes))
+            sum_s = _cuda_timed(lambda x=x: x.sum())
+            copy_s = _cuda_timed(lambda x=x, target=target: target.copy_(x))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                triton_pass.accumulate(x, rows, 1e-38, 1e38, acc, lanes)
                 torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-            return float(np.median(times))
+            launched = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            name = str(dtype).removeprefix("torch.")
+            print(f"{name:>8} {millions:>7} M {x.nbytes / pass_s / 1e9:>10.0f} {x.nbytes / sum_s / 1e9:>9.0f} "
+                  f"{2 * x.nbytes / copy_s / 1e9:>10.0f} {sum_s / pass_s:>9.2f} {copy_s / 2 / pass_s:>10.2f} "
+                  f"{len(launched):>9}", flush=True)
+        coords = kernels.identity_coords(x.shape, x.device)
+        compiled_s = _cuda_timed(lambda x=x, c=coords: kernels.partial_stats(x, c, 1e-38, 1e38,
+                                                                             fn=kernels.compiled()), 7)
+        print(f"{name:>8}    64 M compiled pass (the fallback): {x.nbytes / compiled_s / 1e9:.0f} GB/s, "
+              f"{sum_s / compiled_s:.2f} of torch.sum", flush=True)
 
-        pass_s = timed(lambda x=x, c=coords: kernels.partial_stats(x, c, 1e-38, 1e38, fn=compiled))
-        sum_s = timed(lambda x=x: x.sum())
-        name = str(dtype).removeprefix("torch.")
-        print(f"statistics pass, {name} 64 M elements: {x.nbytes / pass_s / 1e9:.0f} GB/s, "
-              f"{sum_s / pass_s:.2f} of the read bandwidth of torch.sum ({x.nbytes / sum_s / 1e9:.0f} GB/s)")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            kernels.partial_stats(x, coords, 1e-38, 1e38, fn=compiled)
-            torch.cuda.synchronize()
-        launched = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        print(f"  its kernels ({len(launched)}, {sum(e.device_time for e in launched) / 1e3:.3f} ms on the device "
-              f"of {pass_s * 1e3:.3f} ms): " + ", ".join(f"{e.name[:40]} {e.device_time:.0f} us" for e in launched))
+
+def step_probe(base, out: Path, on_cpu: bool) -> None:  # type: ignore[no-untyped-def]
+    """One process, one device: a Trainer recorded every 10th step, then one recorded every step."""
+    import gc
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from workbench.runner import cpu_compat
+    from workbench.runner.trainer import Trainer
+    from workbench.store.manifest import runner_manifest
+    from workbench.store.writer import create_store
+
+    device = torch.device("cpu") if on_cpu else torch.device("cuda", 0)
+    if on_cpu:
+        cpu_compat.install()
+    if not dist.is_initialized():
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(29500 + os.getpid() % 1000)})
+        dist.init_process_group("gloo" if on_cpu else "nccl", rank=0, world_size=1)
+        ps.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(0)
+    steps = 24
+    large = {"optim.use_distributed_optimizer": True, "optim.overlap_grad_reduce": True,
+             "optim.overlap_param_gather": True}
+    cfg_of = {every: base.with_overrides({"name": f"every-{every}", "steps": steps, "layout": {"dp": 1},
+                                          "global_batch_size": 4 * base.micro_batch_size, "record.every": max(every, 1),
+                                          "record.enabled": every > 0, **large})
+              for every in (0, 10, 1)}
+
+    def synchronizing(fn):  # type: ignore[no-untyped-def]
+        """The synchronizing CUDA calls ``fn`` makes from the workbench's code: file:line -> count."""
+        if on_cpu:
+            fn()
+            return None
+        found: dict[str, int] = {}
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        for w in caught:
+            if "synchroniz" in str(w.message) and "workbench/recorder" in w.filename:
+                where = f"{w.filename.split('workbench/')[-1]}:{w.lineno}"
+                found[where] = found.get(where, 0) + 1
+        return found
+
+    baseline, baseline_peak, unrecorded_launches = float("nan"), 0, 0
+    for every, cfg in cfg_of.items():
+        run_dir = out / cfg.name
+        create_store(run_dir, runner_manifest(cfg), cfg.steps)
+        if not on_cpu:
+            torch.cuda.reset_peak_memory_stats()
+            floor = torch.cuda.memory_allocated()
+        trainer = Trainer(cfg, device, run_dir)
+        copy_bytes = sum(p.numel() * p.element_size() for chunk in trainer.model.chunks for p in chunk.parameters())
+        times: dict[bool, list[float]] = {True: [], False: []}
+        recorded_steps = set(cfg.record.recorded_steps(cfg.steps)) if every else set()
+        for step in range(steps):
+            recorded = step in recorded_steps
+            if every == 1 and step in (12, 19):  # a recorded step without a flush; the flush (every 10 steps)
+                syncs = synchronizing(lambda s=step, t=trainer, log=times[True]:
+                                      log.append(t.train_step(s)["step_time"]))
+                print(f"  syncs the recorder makes on {'a recorded step without a flush' if step == 12 else 'a flush'}"
+                      f": {'n/a on the CPU' if syncs is None else sum(syncs.values())} {syncs or ''}", flush=True)
+            elif step == 14 and every in (0, 1):
+                activities = [torch.profiler.ProfilerActivity.CPU if on_cpu else torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=activities) as profile:
+                    times[recorded].append(trainer.train_step(step)["step_time"])
+                kind = torch.autograd.DeviceType.CPU if on_cpu else torch.autograd.DeviceType.CUDA
+                launches = len([e for e in profile.events() if e.device_type == kind])
+                what = "operations (CPU)" if on_cpu else "kernel launches"
+                if every == 0:
+                    unrecorded_launches = launches
+                    print(f"  {what} in an unrecorded step: {launches}", flush=True)
+                else:
+                    print(f"  {what} in a recorded step: {launches}, {launches - unrecorded_launches} of them the "
+                          "recorder's", flush=True)
+            else:
+                times[recorded].append(trainer.train_step(step)["step_time"])
+        if trainer.recorder is not None:
+            trainer.recorder.close()
+        peak = 0 if on_cpu else torch.cuda.max_memory_allocated() - floor
+        if every == 0:
+            baseline, baseline_peak = float(np.median(times[False][4:])), peak
+            print(f"  unrecorded: median step {baseline * 1e3:.1f} ms", flush=True)
+        else:
+            on = float(np.median(times[True][1:]))
+            print(f"  recorded every {every:>2} step(s): median recorded step {on * 1e3:.1f} ms, "
+                  f"{on / baseline:.3f}x an unrecorded one; the whole run "
+                  f"{(on + (every - 1) * baseline) / every / baseline:.3f}x", flush=True)
+            if not on_cpu:
+                print(f"  device memory at the peak: {(peak - baseline_peak) / 2**20:.1f} MiB more than unrecorded; "
+                      f"the start-of-step copy of the parameters is {copy_bytes / 2**20:.1f} MiB, so "
+                      f"{(peak - baseline_peak - copy_bytes) / 2**20:.1f} MiB beyond it", flush=True)
+            print(f"  statistics paths: {trainer.recorder.statistics_paths()}", flush=True)
+        del trainer
+        gc.collect()
+        if not on_cpu:
+            torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -105,14 +320,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--budget", type=float, default=None,
-                        help="seconds: a part that would start after this is skipped and says so")
+    parser.add_argument("--budget", type=float, default=300.0,
+                        help="seconds (default 300): a part that would start after this is skipped and says so")
     parser.add_argument("--cpu", action="store_true",
-                        help="without a GPU: every part but the GPU pass, on a tiny model (checks this script)")
+                        help="without a GPU: every part on a tiny model, the kernel under Triton's interpreter (checks "
+                             "this script, measures nothing)")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.cpu:
         print("gpu_check: no GPU on this machine; skipped (--cpu runs its parts on a tiny model)")
         return
+    try:
+        import triton
+
+        from workbench.recorder import triton_pass  # noqa: F401  (under --cpu: made for the interpreter, here)
+        triton_line = f"Triton {triton.__version__}"
+    except ImportError:
+        triton_line = "no Triton"
     from workbench.config import RunConfig
     from workbench.runner.launch import launch
     from workbench.store.reader import open_run
@@ -126,9 +349,16 @@ def main() -> None:
         "micro_batch_size": model["micro_batch_size"], "layout": {"dp": gpus}, "record": {"every": 2},
         "model": {k: v for k, v in model.items() if k != "micro_batch_size"},
     })
-    device = ("CPU (--cpu)" if args.cpu else f"{torch.cuda.get_device_name(0)}, "
-              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
-    print(f"{gpus} x {device}, torch {torch.__version__}; {base.summary()}")
+    if args.cpu:
+        device = "CPU (--cpu: a dry run, no figure below is a measurement)"
+    else:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip().splitlines()
+        device = (f"{torch.cuda.get_device_name(0)}, driver {driver[0] if driver else '?'}, CUDA {torch.version.cuda}, "
+                  f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+    print(f"{gpus} x {device}; torch {torch.__version__}, {triton_line}; {base.summary()}", flush=True)
     start = time.monotonic()
 
     def part(name: str, fn: Callable[[], None]) -> None:
@@ -157,12 +387,15 @@ def main() -> None:
         default = np.median([medians(runs[n])[1] for n in ("nondet-a", "nondet-b")])
         print(f"deterministic / default step time: {det / default:.3f} (recorder excluded)", flush=True)
 
-    part("pair", pair)
+    if triton_line != "no Triton":
+        part("correctness", lambda: correctness("cpu" if args.cpu else "cuda"))
+    os.environ.pop("TRITON_INTERPRET", None)  # the runs this script launches record as they would anywhere
     if not args.cpu:
         part("statistics pass", pass_bandwidth)
+    part("recorded step", lambda: step_probe(base, out / "probe", on_cpu=args.cpu))
+    part("pair", pair)
     part("pretrain()", lambda: megatron_pretrain(out / "pretrain", gpus, args.steps, model, on_cpu=args.cpu))
-    part("per source", lambda: per_source(base, out / "sources", None if args.budget is None else
-                                          start + args.budget))
+    part("per source", lambda: per_source(base, out / "sources", start + args.budget))
     print(f"done in {time.monotonic() - start:.0f} s; runs in {out}")
 
 
