@@ -203,3 +203,24 @@ def test_what_the_kernel_does_not_take_is_left_to_the_other_paths(interpreted: M
                                       lanes)  # coords not made by coords_tensor: their rows are not on the host
     assert interpreted.shape_rows((6, 1, 5), ((1, 5), (0, 7), (0, 1))) == (5, [30], [1])
     assert interpreted.shape_rows((2, 3), ((0, 10), (0, 1))) == (0, [2, 3], [10, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_gradient_divided_in_registers_is_what_torch_divides_on_the_cpu(interpreted: ModuleType,
+                                                                        dtype: torch.dtype) -> None:
+    x = (torch.randn(3000, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 3).to(dtype)
+    x[:5] = torch.tensor([float("inf"), -0.0, 0.0, 1e-39, -2e-38], dtype=torch.float64).to(dtype)
+    coords = kernels.identity_coords(x.shape)
+    for divisor in (3, 4, 6):  # as the recorder scales an activation gradient to the global batch
+        expected = x / divisor
+        stats, fingerprint = read(interpreted, x, coords, PRECISION[dtype], divisor=divisor)
+        assert fingerprint == fingerprint_reference(bits(expected)), divisor
+        assert_agrees(stats, stats_reference(expected.double().numpy(), PRECISION[dtype]))
+    # a NaN stays a NaN (its payload bits are the implementation's: torch's own CPU kernels differ in them)
+    with_nan = x.clone()
+    with_nan[7] = float("nan")
+    stats, _ = read(interpreted, with_nan, coords, PRECISION[dtype], divisor=3)
+    assert stats[STAT_NAMES.index("nan")] == 1
+    float8 = x.to(torch.float8_e4m3fn)
+    acc, lanes = kernels.new_accumulators(torch.device("cpu"))
+    assert not interpreted.accumulate(float8, kernels.host_rows(coords), 1e-38, 1e38, acc, lanes, divisor=3)

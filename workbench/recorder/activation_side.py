@@ -123,7 +123,7 @@ class ActivationSide:
                 # Each DP rank differentiates the mean loss of its own share of the batch: scaled
                 # by 1/dp this is the gradient of the global-batch loss, the same for every layout
                 # (exactly so for power-of-two DP sizes).
-                slots.accumulate(slot, grad / ranks.dp_size if ranks.dp_size > 1 else grad)
+                slots.accumulate(slot, grad, divisor=ranks.dp_size)
 
         return act, self._clock.timed(on_gradient)
 

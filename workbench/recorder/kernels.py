@@ -160,9 +160,9 @@ def _triton_pass() -> Any:
 
 
 def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
-            lanes: torch.Tensor, **how: torch.Tensor | None) -> bool:
-    """Read ``x`` with the Triton kernel (``how``: its ``copy`` or ``before``); False where it does not take
-    the tensor or cannot be built on this GPU. A kernel that fails to build says so once, loudly, at the first
+            lanes: torch.Tensor, **how: Any) -> bool:
+    """Read ``x`` with the Triton kernel (``how``: its ``copy``, ``before`` or ``divisor``); False where it does not
+    take the tensor or cannot be built on this GPU. A kernel that fails to build says so once, loudly, at the first
     recorded step, and the run goes on with the compiled pass (the manifest names both)."""
     module = _triton_pass()
     if module is None or not module.takes(x):
@@ -275,11 +275,16 @@ def takes_native(x: torch.Tensor) -> bool:
 
 
 def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
-               lanes: torch.Tensor, *, fused: bool = True) -> None:
-    """Add the statistics and fingerprint lanes of ``x`` into ``acc`` and ``lanes`` (in place).
+               lanes: torch.Tensor, *, fused: bool = True, divisor: int = 1) -> None:
+    """Add the statistics and fingerprint lanes of ``x`` (of ``x / divisor``) into ``acc`` and ``lanes`` (in place).
 
-    ``fused``: the native kernel for CPU tensors, the compiled one elsewhere; otherwise eager.
+    ``fused``: the native kernel for CPU tensors, the Triton one for CUDA tensors (which divides in registers),
+    the compiled one elsewhere; otherwise eager.
     """
+    if divisor != 1:
+        if fused and _on_gpu(x, coords, tiny, largest, acc, lanes, divisor=divisor):
+            return
+        x = x / divisor
     if fused and takes_native(x):
         x = x.detach().contiguous()
         if x.numel():

@@ -104,17 +104,21 @@ class Slots:
         assert self.state is not None and slot.site is not None
         return self.state.accumulator(slot.site, slot.device)
 
-    def accumulate(self, slot: Slot, tensor: torch.Tensor) -> None:
-        """Add one tensor of a recorded slot into this step's accumulators (and snapshot it if due)."""
+    def accumulate(self, slot: Slot, tensor: torch.Tensor, *, divisor: int = 1) -> None:
+        """Add one tensor of a recorded slot (``tensor / divisor``: on a GPU divided in the kernel's registers)
+        into this step's accumulators (and snapshot it if due)."""
         acc = self.accumulator(slot)
         if self.snapshotting:
-            self.snapshot(slot, tensor)
+            self.snapshot(slot, tensor / divisor if divisor != 1 else tensor)
         if slot.native:  # hundreds of calls a step: straight to the kernel
+            if divisor != 1:
+                tensor = tensor / divisor
             kernels.native().accumulate(tensor if tensor.is_contiguous() else tensor.contiguous(), slot.coords,
                                         self._tiny, self._largest, acc.acc, acc.lanes)
             kernels.PATHS["native"] += 1
         else:
-            kernels.accumulate(tensor, slot.coords, self._tiny, self._largest, acc.acc, acc.lanes, fused=self._fused)
+            kernels.accumulate(tensor, slot.coords, self._tiny, self._largest, acc.acc, acc.lanes, fused=self._fused,
+                               divisor=divisor)
 
     def record(self, kind: str, name: str, tensor: torch.Tensor, placement: Placement) -> None:
         slot = self.slot(kind, name, placement, tensor)

@@ -16,7 +16,7 @@ The kernel, per program (a persistent grid of at most ``programs`` programs, eac
 * its partials are written to a workspace; the last program to finish (an atomic counter) reduces them in
   program order and adds them into the accumulators. No float atomics: two runs give the same bits.
 
-One kernel per element type (``KINDS``); the mode (plain, copy, difference) and the number of dimensions after
+One kernel per element type (``KINDS``); the mode (plain, copy, difference, divided) and the number of dimensions after
 merging those that are contiguous in the full tensor (1, 2 or 3; a 4-D placement that does not merge goes the
 compiled way) are scalar arguments, branches taken once per tile, so six kernels cover every call (a build test
 compiles each for sm_80 and sm_90 in a few seconds). Under ``TRITON_INTERPRET=1`` the same kernel runs on CPU
@@ -38,8 +38,8 @@ KINDS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.floa
                                  torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
 """The element types the kernel reads, each its own specialisation."""
 _WORDS = {0: torch.int32, 1: torch.int16, 2: torch.int16, 3: torch.int32, 4: torch.uint8, 5: torch.uint8}
-PLAIN, COPY, DIFFERENCE = 0, 1, 2
-MODES = (PLAIN, COPY, DIFFERENCE)
+PLAIN, COPY, DIFFERENCE, DIVIDED = 0, 1, 2, 3
+MODES = (PLAIN, COPY, DIFFERENCE, DIVIDED)
 BLOCK = 1024
 MAX_PROGRAMS = 1024
 _COLUMNS = 16  # per program: 8 sums, 3 maxima, 2 lanes (and room)
@@ -90,8 +90,33 @@ def _value(raw, KIND: tl.constexpr):
 
 
 @triton.jit
+def _rounded_bits(value, KIND: tl.constexpr):
+    """The bits (uint32) of float32 ``value`` rounded to nearest even in the element type (float32, bfloat16,
+    float16), as torch rounds on the CPU (bfloat16: c10's integer rounding, NaN as 0x7FC0)."""
+    if KIND == 0:
+        return value.to(tl.uint32, bitcast=True)
+    elif KIND == 1:
+        bits = value.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(value != value, 0x7FC0, rounded).to(tl.uint32)
+    else:
+        return (value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _from_bits(word, KIND: tl.constexpr):
+    """The float32 value of the element type's bits ``word`` (uint32, zero-extended)."""
+    if KIND == 0:
+        return word.to(tl.float32, bitcast=True)
+    elif KIND == 1:
+        return (word << 16).to(tl.float32, bitcast=True)
+    else:
+        return word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, size2, stride0, stride1, stride2,
-                       tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
+                       divisor, tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
                        KIND: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -130,6 +155,11 @@ def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, s
             word_a = low.to(tl.uint32, bitcast=True)
             word_b = high.to(tl.uint32, bitcast=True)
             value = ((high.to(tl.int64) << 32) | (low.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64, bitcast=True)
+            if mode == 3:
+                value = value / divisor
+                divided = value.to(tl.int64, bitcast=True)
+                word_a = (divided & 0xFFFFFFFF).to(tl.uint32)
+                word_b = ((divided >> 32) & 0xFFFFFFFF).to(tl.uint32)
         else:
             raw = tl.load(x_ptr + offsets, mask=mask, other=0)
             value = _value(raw, KIND)
@@ -139,6 +169,9 @@ def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, s
             if mode == 2:  # the float32 difference, computed in registers; its bits are what is fingerprinted
                 value = value - _value(tl.load(other_ptr + offsets, mask=mask, other=0), KIND)
                 word_a = value.to(tl.uint32, bitcast=True)
+            if mode == 3:  # x / divisor in the tensor's own type, as torch divides it on the CPU
+                word_a = _rounded_bits(value / divisor, KIND)
+                value = _from_bits(word_a, KIND)
             word_b = word_a
         # the element's row-major index in the full tensor, modulo 2^32
         if dims == 1:
@@ -260,11 +293,15 @@ def takes(x: torch.Tensor) -> bool:
 
 def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: float, largest: float,
                acc: torch.Tensor, lanes: torch.Tensor, *, copy: torch.Tensor | None = None,
-               before: torch.Tensor | None = None) -> bool:
+               before: torch.Tensor | None = None, divisor: int = 1) -> bool:
     """Add ``x``'s statistics and lanes into ``acc`` (float64 [11]) and ``lanes`` (int64 [2]) in one launch;
     ``rows``: the (offset, stride) in the full tensor of each of x's dimensions (``kernels.host_rows``). With
     ``copy``, also copy x into it in the same read; with ``before`` (x's type and shape), read
-    ``float32(x) - float32(before)`` instead. False (nothing done) if this kernel does not take the tensor."""
+    ``float32(x) - float32(before)`` instead; with ``divisor``, read ``x / divisor`` as torch computes it on the CPU
+    (in the tensor's type; an activation gradient scaled to the global batch), never materialised. False (nothing
+    done) if this kernel does not take the tensor."""
+    if divisor != 1 and (x.element_size() == 1 or copy is not None or before is not None):
+        return False
     if rows is None or not takes(x) or (before is not None and (before.dtype != x.dtype or before.shape != x.shape
                                                                 or x.dtype == torch.float64)):
         return False
@@ -283,14 +320,14 @@ def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: 
     strides += [0] * (3 - len(strides))
     kind = KINDS[x.dtype]
     words = _WORDS[kind]
-    mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
+    mode = COPY if copy is not None else DIFFERENCE if before is not None else DIVIDED if divisor != 1 else PLAIN
     partials, counter, programs = _workspace(x.device)
     grid = (min(programs, triton.cdiv(n, BLOCK)),)
     source = x.view(words)
     _statistics_kernel[grid](
         source, source if before is None else before.detach().contiguous().view(words),
         source if copy is None else copy.view(words), n, mode, dims, to_signed32(base), sizes[1], sizes[2],
-        to_signed32(strides[0]), to_signed32(strides[1]), to_signed32(strides[2]), tiny, largest,
+        to_signed32(strides[0]), to_signed32(strides[1]), to_signed32(strides[2]), float(divisor), tiny, largest,
         min(largest, 2.0**32), partials, counter, acc, lanes,
         KIND=kind, BLOCK=BLOCK, MAX_PROGRAMS=MAX_PROGRAMS)
     return True
@@ -308,7 +345,7 @@ def build(kind: int, capability: int) -> Any:
                  "counter_ptr": "*i32", "acc_ptr": "*fp64", "lanes_ptr": "*i64",
                  **{name: "i32" for name in ("n", "mode", "dims", "base", "size1", "size2", "stride0", "stride1",
                                              "stride2")},
-                 **{name: "fp32" for name in ("tiny", "largest", "fast_limit")},
+                 **{name: "fp32" for name in ("divisor", "tiny", "largest", "fast_limit")},
                  **{name: "constexpr" for name in ("KIND", "BLOCK", "MAX_PROGRAMS")}}
     constants = {"KIND": kind, "BLOCK": BLOCK, "MAX_PROGRAMS": MAX_PROGRAMS}
     return triton.compile(ASTSource(_statistics_kernel, signature, constants),
