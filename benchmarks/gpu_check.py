@@ -156,7 +156,22 @@ def correctness(device: str) -> None:
             problems.append("the copy differs")
         failures += bool(problems)
         print(f"  {name:>22}: {'ok' if not problems else 'WRONG: ' + '; '.join(problems)}", flush=True)
-    print(f"correctness: {len(cases) - failures} of {len(cases)} cases bitwise as the reference, each twice alike")
+    # the parameter side's table kernel: many tensors in one launch, each as the reference
+    tensors = [torch.randn(size, generator=generator).to(torch.bfloat16) for size in (n, 3, n // 7, 0, 40)]
+    problems = []
+    for _ in range(2):
+        entries = [(x.to(device), kernels.host_rows(kernels.identity_coords(x.shape)),
+                    *kernels.new_accumulators(torch.device(device)), None, None) for x in tensors]
+        read, failed = triton_pass.accumulate_table(entries, *PRECISION_LIMITS["bf16"])
+        if failed or not all(read):
+            problems.append(f"not read: {read} {failed}")
+        for x, entry in zip(tensors, entries):
+            if pack_fingerprint(*entry[3].cpu().tolist()) != fingerprint_reference(x.view(torch.int16).numpy()):
+                problems.append(f"{x.numel()} elements: fingerprint differs")
+    failures += bool(problems)
+    print(f"  {'table of tensors':>22}: {'ok' if not problems else 'WRONG: ' + '; '.join(problems)}", flush=True)
+    print(f"correctness: {len(cases) + 1 - failures} of {len(cases) + 1} cases bitwise as the reference, each twice "
+          "alike")
 
 
 def _cuda_timed(fn, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]

@@ -88,7 +88,7 @@ def test_every_type_with_nan_infinities_zeros_subnormals_and_huge_values(interpr
     assert_agrees(stats, expected)
     # the native pass (the eager one for float8) gives the same bits
     acc, lanes = kernels.new_accumulators(torch.device("cpu"))
-    kernels.accumulate(x, coords, *PRECISION_LIMITS[precision], acc, lanes)
+    kernels.accumulate(x, coords, *PRECISION_LIMITS[precision], acc, lanes, fused=x.element_size() > 1)
     assert pack_fingerprint(*lanes.tolist()) == fingerprint
     np.testing.assert_array_equal(assemble(acc[:8].numpy(), acc[8:].numpy())[EXACT], stats[EXACT])
     # one flipped bit of one element changes the fingerprint
@@ -224,3 +224,38 @@ def test_a_gradient_divided_in_registers_is_what_torch_divides_on_the_cpu(interp
     float8 = x.to(torch.float8_e4m3fn)
     acc, lanes = kernels.new_accumulators(torch.device("cpu"))
     assert not interpreted.accumulate(float8, kernels.host_rows(coords), 1e-38, 1e38, acc, lanes, divisor=3)
+
+
+def test_a_table_of_tensors_in_one_launch_reads_each_as_its_own_launch_does(interpreted: ModuleType) -> None:
+    # the parameter side: tensors of many shapes, one spanning several items, a shard, an empty one, in one launch;
+    # plain, with a copy, and as an update's difference
+    generator = torch.Generator().manual_seed(9)
+    shapes = [(20000,), (7, 300), (3,), (0,), (130, 64), (5000,)]  # 20,000 elements: two items of 16 tiles
+    xs = [(torch.randn(shape, generator=generator) * 2).to(torch.bfloat16) for shape in shapes]
+    xs[0][123] = float("nan")
+    coords = [kernels.identity_coords(x.shape) for x in xs]
+    coords[4] = kernels.coords_tensor([[0, 128], [64, 1]])  # the second half of each row of a [130, 128] weight
+    befores = [(x.float() - 1e-2).to(torch.bfloat16) for x in xs]
+    for how in ("plain", "copy", "before"):
+        copies = [torch.empty_like(x) for x in xs]
+        entries = [(x, kernels.host_rows(c), *kernels.new_accumulators(torch.device("cpu")),
+                    copy if how == "copy" else None, before if how == "before" else None)
+                   for x, c, copy, before in zip(xs, coords, copies, befores)]
+        assert interpreted.accumulate_table(entries, 1e-38, 1e38) == ([True] * len(xs), {})
+        for x, rows, acc, lanes, copy, before in entries:
+            one_acc, one_lanes = kernels.new_accumulators(torch.device("cpu"))
+            assert interpreted.accumulate(x, rows, 1e-38, 1e38, one_acc, one_lanes, before=before)
+            assert torch.equal(lanes, one_lanes), (how, x.shape)
+            np.testing.assert_array_equal(acc.numpy()[[0, 3, 4, 5, 6, 7, 8, 9, 10]],
+                                          one_acc.numpy()[[0, 3, 4, 5, 6, 7, 8, 9, 10]])
+            np.testing.assert_allclose(acc.numpy(), one_acc.numpy(), rtol=2e-6)
+            if copy is not None:
+                assert torch.equal(copy.view(torch.uint8), x.view(torch.uint8))
+    # a second launch with the same table adds again (every tensor's counter was set back)
+    acc, lanes = kernels.new_accumulators(torch.device("cpu"))
+    entry = (xs[0], kernels.host_rows(coords[0]), acc, lanes, None, None)
+    interpreted.accumulate_table([entry, entry], 1e-38, 1e38)
+    assert acc[0].item() == 2 * xs[0].numel()
+    scattered = kernels.host_rows(kernels.coords_tensor([[0, 10000], [0, 1000], [0, 100], [0, 1]]))
+    assert interpreted.accumulate_table([(torch.randn(2, 3, 4, 5), scattered, acc, lanes, None, None)], 1e-38,
+                                        1e38) == ([False], {})

@@ -159,11 +159,18 @@ def _triton_pass() -> Any:
     return triton_pass
 
 
+def _on_device(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a tensor the Triton kernels could read (a CUDA one)."""
+    return x.is_cuda
+
+
 def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, acc: torch.Tensor,
             lanes: torch.Tensor, **how: Any) -> bool:
     """Read ``x`` with the Triton kernel (``how``: its ``copy``, ``before`` or ``divisor``); False where it does not
     take the tensor or cannot be built on this GPU. A kernel that fails to build says so once, loudly, at the first
     recorded step, and the run goes on with the compiled pass (the manifest names both)."""
+    if not _on_device(x):  # (Triton is not even imported for a CPU run)
+        return False
     module = _triton_pass()
     if module is None or not module.takes(x):
         return False
@@ -185,6 +192,39 @@ def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, 
         if first:
             BUILD_SECONDS[name] = round(time.perf_counter() - started, 3)
         PATHS["triton"] += 1
+    return taken
+
+
+def _many_on_gpu(entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                      torch.Tensor | None]], tiny: float, largest: float) -> list[bool]:
+    """Read each (x, coords, acc, lanes, copy, before) of ``entries`` with the Triton table kernel, a handful of
+    launches for all of them; which were read. A kernel that fails to build says so once, as ``_on_gpu`` does."""
+    if not any(_on_device(x) for x, *_ in entries):  # (Triton is not even imported for a CPU run)
+        return [False] * len(entries)
+    module = _triton_pass()
+    if module is None:
+        return [False] * len(entries)
+    wanted = [i for i, (x, *_) in enumerate(entries)
+              if module.takes(x) and f"triton table {str(x.dtype).removeprefix('torch.')}" not in BUILD_FAILURES]
+    taken = [False] * len(entries)
+    if not wanted:
+        return taken
+    started = time.perf_counter()
+    read, failures = module.accumulate_table(
+        [(x, host_rows(c), a, lane, copy, before) for x, c, a, lane, copy, before in (entries[i] for i in wanted)],
+        tiny, largest)
+    for dtype, message in failures.items():
+        name = f"triton table {str(dtype).removeprefix('torch.')}"
+        BUILD_FAILURES[name] = message
+        warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU ({message}); "
+                      f"recording {dtype} tensors one launch each from now on (the run's manifest says so)",
+                      RuntimeWarning, stacklevel=3)
+    for dtype in {entries[i][0].dtype for i, ok in zip(wanted, read) if ok}:
+        BUILD_SECONDS.setdefault(f"triton table {str(dtype).removeprefix('torch.')}",
+                                 round(time.perf_counter() - started, 3))
+    for i, ok in zip(wanted, read):
+        taken[i] = ok
+    PATHS["triton"] += sum(read)
     return taken
 
 
@@ -309,8 +349,11 @@ def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
         xs, coords, accs, lanes = (list(column) for column in zip(*on_cpu))
         native().accumulate_many(xs, coords, tiny, largest, accs, lanes)
         PATHS["native"] += len(xs)
-    for x, c, a, lane in items:
-        if not (fused and takes_native(x)):
+    others = [(x, c, a, lane) for x, c, a, lane in items if not (fused and takes_native(x))]
+    on_gpu = _many_on_gpu([(x, c, a, lane, None, None) for x, c, a, lane in others], tiny, largest) if fused \
+        else [False] * len(others)
+    for (x, c, a, lane), done in zip(others, on_gpu):
+        if not done:
             accumulate(x, c, tiny, largest, a, lane, fused=fused)
 
 
@@ -322,11 +365,13 @@ def accumulate_differences(items: list[tuple[torch.Tensor, torch.Tensor, torch.T
     float64) the difference is taken in torch. All give the float32 tensor the subtraction gives, so the same
     fingerprint."""
     native_items, others = [], []
-    for x, before, c, a, lane in items:
+    on_gpu = _many_on_gpu([(x, c, a, lane, None, before) for x, before, c, a, lane in items], tiny, largest) \
+        if fused else [False] * len(items)
+    for (x, before, c, a, lane), done in zip(items, on_gpu):
+        if done:
+            continue
         if fused and takes_native(x) and x.dtype != torch.float64 and x.dtype == before.dtype:
             native_items.append((x.detach().contiguous(), before.contiguous(), c, a, lane))
-        elif fused and _on_gpu(x, c, tiny, largest, a, lane, before=before):
-            continue
         else:
             others.append((x.detach().float() - before.float(), c, a, lane))
     if native_items:
@@ -343,12 +388,14 @@ def accumulate_copies(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     CPU in the same native pass (one read of x), on a GPU in the Triton kernel's, elsewhere (and for float64)
     with ``copy_``."""
     native_items = []
-    for x, copy, c, a, lane in items:
+    on_gpu = _many_on_gpu([(x, c, a, lane, copy, None) for x, copy, c, a, lane in items], tiny, largest) \
+        if fused else [False] * len(items)
+    for (x, copy, c, a, lane), done in zip(items, on_gpu):
+        if done:
+            continue
         if fused and takes_native(x) and x.dtype != torch.float64 and x.is_contiguous() \
                 and copy.is_contiguous():
             native_items.append((x.detach(), copy, c, a, lane))
-        elif fused and _on_gpu(x, c, tiny, largest, a, lane, copy=copy):
-            continue
         else:
             copy.copy_(x.detach())
             accumulate(x, c, tiny, largest, a, lane, fused=fused)

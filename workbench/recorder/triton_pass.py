@@ -115,12 +115,10 @@ def _from_bits(word, KIND: tl.constexpr):
 
 
 @triton.jit
-def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, size2, stride0, stride1, stride2,
-                       divisor, tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
-                       KIND: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr):
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    tiles = (n + BLOCK - 1) // BLOCK
+def _tiles(x_ptr, other_ptr, copy_ptr, n, first, last, step, mode, dims, base, size1, size2, stride0, stride1,
+           stride2, divisor, tiny, largest, fast_limit, row_ptr, KIND: tl.constexpr, BLOCK: tl.constexpr):
+    """Read tiles ``first, first + step, ... < last`` of one tensor and store their partials (8 sums, 3 maxima,
+    2 lane sums, float64) at ``row_ptr``."""
     WIDE: tl.constexpr = KIND == 3
     ACC: tl.constexpr = tl.float64 if WIDE else tl.float32
     lane_a = tl.zeros([BLOCK], tl.uint32)
@@ -142,7 +140,7 @@ def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, s
     stride0_u = stride0.to(tl.uint32, bitcast=True)
     stride1_u = stride1.to(tl.uint32, bitcast=True)
     stride2_u = stride2.to(tl.uint32, bitcast=True)
-    for tile in range(pid, tiles, programs):
+    for tile in range(first, last, step):
         offsets = tile * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < n
         # mode and dims are uniform branches (one per tile), not specialisations: one kernel per element type
@@ -207,35 +205,93 @@ def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, s
             rare_total += wide
             rare_sq += wide * wide
 
-    row = partials_ptr + pid * 16
-    tl.store(row + 0, tl.sum(count, axis=0).to(tl.float64))
-    tl.store(row + 1, tl.sum(total.to(tl.float64), axis=0) + tl.sum(rare_total, axis=0))
-    tl.store(row + 2, tl.sum(total_sq.to(tl.float64), axis=0) + tl.sum(rare_sq, axis=0))
-    tl.store(row + 3, tl.sum(nans, axis=0).to(tl.float64))
-    tl.store(row + 4, tl.sum(infs, axis=0).to(tl.float64))
-    tl.store(row + 5, tl.sum(zeros, axis=0).to(tl.float64))
-    tl.store(row + 6, tl.sum(under, axis=0).to(tl.float64))
-    tl.store(row + 7, tl.sum(over, axis=0).to(tl.float64))
-    tl.store(row + 8, tl.max(top, axis=0).to(tl.float64))
-    tl.store(row + 9, tl.max(neg_bottom, axis=0).to(tl.float64))
-    tl.store(row + 10, tl.max(magnitude_top, axis=0).to(tl.float64))
-    tl.store(row + 11, tl.sum(lane_a, axis=0).to(tl.float64))
-    tl.store(row + 12, tl.sum(lane_b, axis=0).to(tl.float64))
+    tl.store(row_ptr + 0, tl.sum(count, axis=0).to(tl.float64))
+    tl.store(row_ptr + 1, tl.sum(total.to(tl.float64), axis=0) + tl.sum(rare_total, axis=0))
+    tl.store(row_ptr + 2, tl.sum(total_sq.to(tl.float64), axis=0) + tl.sum(rare_sq, axis=0))
+    tl.store(row_ptr + 3, tl.sum(nans, axis=0).to(tl.float64))
+    tl.store(row_ptr + 4, tl.sum(infs, axis=0).to(tl.float64))
+    tl.store(row_ptr + 5, tl.sum(zeros, axis=0).to(tl.float64))
+    tl.store(row_ptr + 6, tl.sum(under, axis=0).to(tl.float64))
+    tl.store(row_ptr + 7, tl.sum(over, axis=0).to(tl.float64))
+    tl.store(row_ptr + 8, tl.max(top, axis=0).to(tl.float64))
+    tl.store(row_ptr + 9, tl.max(neg_bottom, axis=0).to(tl.float64))
+    tl.store(row_ptr + 10, tl.max(magnitude_top, axis=0).to(tl.float64))
+    tl.store(row_ptr + 11, tl.sum(lane_a, axis=0).to(tl.float64))
+    tl.store(row_ptr + 12, tl.sum(lane_b, axis=0).to(tl.float64))
+
+
+@triton.jit
+def _fold(partials_ptr, first_row, rows, acc_ptr, lanes_ptr, FOLD: tl.constexpr):
+    """Add partial rows ``first_row ..`` (``rows`` of them) into the accumulators, always in row order (in blocks
+    of ``FOLD``, each a fixed tree): the same bits every run."""
+    sums = tl.zeros([16], tl.float64)
+    maxima = tl.full([16], float("-inf"), tl.float64)
+    columns = tl.arange(0, 16)
+    for block in range(0, rows, FOLD):
+        index = block + tl.arange(0, FOLD)
+        cells = partials_ptr + (first_row + index)[:, None] * 16 + columns[None, :]
+        present = (index < rows)[:, None] & (columns < 13)[None, :]
+        sums += tl.sum(tl.load(cells, mask=present, other=0.0), axis=0)
+        maxima = tl.maximum(maxima, tl.max(tl.load(cells, mask=present, other=float("-inf")), axis=0))
+    acc = tl.load(acc_ptr + columns, mask=columns < 11, other=0.0)
+    acc = tl.where(columns < 8, acc + sums, tl.maximum(acc, maxima))
+    tl.store(acc_ptr + columns, acc, mask=columns < 11)
+    # lanes: each row's sum is below 2^32, and a sum of fewer than 2^21 rows is exact in float64
+    words = tl.where((columns >= 11) & (columns < 13), sums, 0.0).to(tl.int64)
+    lane_columns = tl.where(columns >= 11, columns - 11, 0)
+    lanes = tl.load(lanes_ptr + lane_columns, mask=(columns >= 11) & (columns < 13), other=0)
+    tl.store(lanes_ptr + lane_columns, (lanes + words) & 0xFFFFFFFF, mask=(columns >= 11) & (columns < 13))
+
+
+@triton.jit
+def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, size2, stride0, stride1, stride2,
+                       divisor, tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
+                       KIND: tl.constexpr, BLOCK: tl.constexpr):
+    """One tensor, scalar arguments: each program reads every ``programs``-th tile; the last to finish folds."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles = (n + BLOCK - 1) // BLOCK
+    _tiles(x_ptr, other_ptr, copy_ptr, n, pid, tiles, programs, mode, dims, base, size1, size2, stride0, stride1,
+           stride2, divisor, tiny, largest, fast_limit, partials_ptr + pid * 16, KIND, BLOCK)
     tl.debug_barrier()  # every thread's partials are written before this program counts itself done
     finished = tl.atomic_add(counter_ptr, 1)  # acq_rel: the last program sees every program's partials
     if finished == programs - 1:
-        rows = tl.arange(0, MAX_PROGRAMS)
-        present = rows < programs
-        cells = partials_ptr + rows * 16
-        for k in tl.static_range(8):  # sums, in program order
-            tl.store(acc_ptr + k, tl.load(acc_ptr + k) + tl.sum(tl.load(cells + k, mask=present, other=0.0), axis=0))
-        for k in tl.static_range(8, 11):  # maxima
-            part = tl.max(tl.load(cells + k, mask=present, other=float("-inf")), axis=0)
-            tl.store(acc_ptr + k, tl.maximum(tl.load(acc_ptr + k), part))
-        for k in tl.static_range(2):  # lanes: each program's sum is below 2^32, their sum exact in float64
-            words = tl.sum(tl.load(cells + 11 + k, mask=present, other=0.0), axis=0).to(tl.int64)
-            tl.store(lanes_ptr + k, (tl.load(lanes_ptr + k) + words) & 0xFFFFFFFF)
+        _fold(partials_ptr, 0, programs, acc_ptr, lanes_ptr, 128)
         tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch on this stream
+
+
+@triton.jit
+def _table_kernel(table_ptr, tensors, items, mode, divisor, tiny, largest, fast_limit, partials_ptr, counters_ptr,
+                  KIND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, MAX_TENSORS: tl.constexpr):
+    """Many tensors of one type in one launch, described by a table (int64 [tensors, 16]: pointers to the tensor,
+    the other tensor, the copy, the accumulators and the lanes; n, base, size1, size2, stride0..2, dims, unused,
+    first item, items). An item is ``CHUNK`` tiles of one tensor; the last item of a tensor to finish folds its
+    rows, in order."""
+    WORD: tl.constexpr = tl.int32 if KIND == 0 or KIND == 3 else tl.int16 if KIND < 3 else tl.uint8
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    rows = tl.arange(0, MAX_TENSORS)
+    firsts = tl.load(table_ptr + rows * 16 + 14, mask=rows < tensors, other=2**62)
+    for item in range(pid, items, programs):
+        tensor = tl.sum((firsts <= item).to(tl.int32), axis=0) - 1
+        row = table_ptr + tensor * 16
+        n = tl.load(row + 5).to(tl.int32)
+        first_item = tl.load(row + 14)
+        own_items = tl.load(row + 15).to(tl.int32)
+        chunk = (item - first_item).to(tl.int32)
+        tiles = (n + BLOCK - 1) // BLOCK
+        _tiles(tl.load(row + 0).to(tl.pointer_type(WORD)), tl.load(row + 1).to(tl.pointer_type(WORD)),
+               tl.load(row + 2).to(tl.pointer_type(WORD)), n, chunk * CHUNK, tl.minimum((chunk + 1) * CHUNK, tiles), 1,
+               mode, tl.load(row + 12).to(tl.int32), tl.load(row + 6).to(tl.int32), tl.load(row + 7).to(tl.int32),
+               tl.load(row + 8).to(tl.int32), tl.load(row + 9).to(tl.int32), tl.load(row + 10).to(tl.int32),
+               tl.load(row + 11).to(tl.int32), divisor, tiny, largest, fast_limit, partials_ptr + item * 16, KIND,
+               BLOCK)
+        tl.debug_barrier()
+        finished = tl.atomic_add(counters_ptr + tensor, 1)
+        if finished == own_items - 1:
+            _fold(partials_ptr, first_item, own_items, tl.load(row + 3).to(tl.pointer_type(tl.float64)),
+                  tl.load(row + 4).to(tl.pointer_type(tl.int64)), 128)
+            tl.atomic_xchg(counters_ptr + tensor, 0)
 
 
 @triton.jit
@@ -245,6 +301,15 @@ def largest_of(ACC: tl.constexpr):
         return 1.7976931348623157e308
     else:
         return 3.4028234663852886e38
+
+
+CHUNK = 16
+"""Tiles per item of the table kernel (16 K elements)."""
+MAX_TENSORS = 512
+"""Tensors per launch of the table kernel (more are launched in several)."""
+TABLE_TYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The types the table kernel reads: those of parameters, gradients and optimizer states (a float64 or float8 one
+takes a launch of its own)."""
 
 
 @functools.cache
@@ -329,14 +394,15 @@ def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: 
         source if copy is None else copy.view(words), n, mode, dims, to_signed32(base), sizes[1], sizes[2],
         to_signed32(strides[0]), to_signed32(strides[1]), to_signed32(strides[2]), float(divisor), tiny, largest,
         min(largest, 2.0**32), partials, counter, acc, lanes,
-        KIND=kind, BLOCK=BLOCK, MAX_PROGRAMS=MAX_PROGRAMS)
+        KIND=kind, BLOCK=BLOCK)
     return True
 
 
-def build(kind: int, capability: int) -> Any:
-    """The kernel for the element type ``kind`` (``KINDS``) compiled for an NVIDIA GPU of compute capability
-    ``capability`` (80: A100, 90: H100 and H200), with no GPU needed: the tests build every kernel for both, so
-    that one that cannot be built fails there and not in a user's run."""
+def build(kind: int, capability: int) -> list[Any]:
+    """The kernels (one tensor; a table of tensors, for ``TABLE_TYPES``) for the element type ``kind`` (``KINDS``)
+    compiled for an
+    NVIDIA GPU of compute capability ``capability`` (80: A100, 90: H100 and H200), with no GPU needed: the tests
+    build every kernel for both, so that one that cannot be built fails there and not in a user's run."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -346,7 +412,95 @@ def build(kind: int, capability: int) -> Any:
                  **{name: "i32" for name in ("n", "mode", "dims", "base", "size1", "size2", "stride0", "stride1",
                                              "stride2")},
                  **{name: "fp32" for name in ("divisor", "tiny", "largest", "fast_limit")},
-                 **{name: "constexpr" for name in ("KIND", "BLOCK", "MAX_PROGRAMS")}}
-    constants = {"KIND": kind, "BLOCK": BLOCK, "MAX_PROGRAMS": MAX_PROGRAMS}
-    return triton.compile(ASTSource(_statistics_kernel, signature, constants),
-                          target=GPUTarget("cuda", capability, 32))
+                 **{name: "constexpr" for name in ("KIND", "BLOCK")}}
+    constants = {"KIND": kind, "BLOCK": BLOCK}
+    table_signature = {"table_ptr": "*i64", "tensors": "i32", "items": "i32", "mode": "i32",
+                       "partials_ptr": "*fp64", "counters_ptr": "*i32",
+                       **{name: "fp32" for name in ("divisor", "tiny", "largest", "fast_limit")},
+                       **{name: "constexpr" for name in ("KIND", "BLOCK", "CHUNK", "MAX_TENSORS")}}
+    table_constants = {"KIND": kind, "BLOCK": BLOCK, "CHUNK": CHUNK, "MAX_TENSORS": MAX_TENSORS}
+    target = GPUTarget("cuda", capability, 32)
+    built = [triton.compile(ASTSource(_statistics_kernel, signature, constants), target=target)]
+    if kind in {KINDS[dtype] for dtype in TABLE_TYPES}:
+        built.append(triton.compile(ASTSource(_table_kernel, table_signature, table_constants), target=target))
+    return built
+
+
+class _TableSpace:
+    """The table kernel's partial rows and per-tensor counters on one device: grown when a table needs more rows
+    (at the first recorded step), never per launch."""
+
+    def __init__(self) -> None:
+        self.partials: dict[torch.device, torch.Tensor] = {}
+        self.counters: dict[torch.device, torch.Tensor] = {}
+
+    def rows(self, device: torch.device, items: int) -> tuple[torch.Tensor, torch.Tensor]:
+        partials = self.partials.get(device)
+        if partials is None or partials.shape[0] < items:
+            partials = self.partials[device] = torch.zeros((max(items, 4096), _COLUMNS), dtype=torch.float64,
+                                                           device=device)
+        if device not in self.counters:
+            self.counters[device] = torch.zeros(MAX_TENSORS, dtype=torch.int32, device=device)
+        return partials, self.counters[device]
+
+
+_TABLE_SPACE = _TableSpace()
+
+
+def accumulate_table(entries: list[tuple[torch.Tensor, tuple[tuple[int, int], ...] | None, torch.Tensor,
+                                         torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+                     tiny: float, largest: float) -> tuple[list[bool], dict[torch.dtype, str]]:
+    """``accumulate`` for each (x, rows, acc, lanes, copy, before) of ``entries`` in as few launches as their types
+    and modes allow (one per element type and mode, up to ``MAX_TENSORS`` tensors each): the parameter side's
+    hundreds of tensors in a handful of launches. Which entries were read (the others are left to other paths),
+    and per element type whose kernel could not be built, the compiler's message (its entries were not read)."""
+    taken = [False] * len(entries)
+    failures: dict[torch.dtype, str] = {}
+    groups: dict[tuple[torch.device, torch.dtype, int], list[tuple[int, list[int]]]] = {}
+    keep: list[torch.Tensor] = []
+    for i, (x, rows, acc, lanes, copy, before) in enumerate(entries):
+        if rows is None or not takes(x) or x.dtype not in TABLE_TYPES or (
+                before is not None and (before.dtype != x.dtype or before.shape != x.shape)):
+            continue
+        x = x.detach()
+        if not x.is_contiguous() or (copy is not None and not copy.is_contiguous()):
+            continue
+        layout = shape_rows(tuple(x.shape), rows)
+        if layout is None:
+            continue
+        taken[i] = True
+        if x.numel() == 0:
+            continue
+        base, sizes, strides = layout
+        dims = len(sizes)
+        sizes += [1] * (3 - dims)
+        strides += [0] * (3 - dims)
+        other = before.detach().contiguous() if before is not None else x
+        keep.append(other)
+        mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
+        row = [x.data_ptr(), other.data_ptr(), (copy if copy is not None else x).data_ptr(), acc.data_ptr(),
+               lanes.data_ptr(), x.numel(), to_signed32(base), sizes[1], sizes[2], to_signed32(strides[0]),
+               to_signed32(strides[1]), to_signed32(strides[2]), dims, 0, 0, 0]
+        groups.setdefault((x.device, x.dtype, mode), []).append((i, row))
+    for (device, dtype, mode), members in groups.items():
+        for start in range(0, len(members), MAX_TENSORS):
+            table_rows = [row for _, row in members[start:start + MAX_TENSORS]]
+            items = 0
+            for row in table_rows:
+                row[14] = items
+                row[15] = triton.cdiv(triton.cdiv(row[5], BLOCK), CHUNK)
+                items += row[15]
+            host = torch.tensor(table_rows, dtype=torch.int64, pin_memory=device.type == "cuda")
+            table = host.to(device, non_blocking=True)
+            partials, counters = _TABLE_SPACE.rows(device, items)
+            _, _, programs = _workspace(device)
+            try:
+                _table_kernel[(min(programs, items),)](
+                    table, len(table_rows), items, mode, 1.0, tiny, largest, min(largest, 2.0**32), partials,
+                    counters, KIND=KINDS[dtype], BLOCK=BLOCK, CHUNK=CHUNK, MAX_TENSORS=MAX_TENSORS)
+            except Exception as err:  # the compiler's failure: nothing of this group was read
+                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+                failures[dtype] = f"{type(err).__name__}: {' '.join(lines[:3])[:300]}"
+                for i, _ in members[start:start + MAX_TENSORS]:
+                    taken[i] = False
+    return taken, failures
