@@ -11,6 +11,8 @@ import pytest
 import xarray as xr
 
 from workbench.analysis import RunRecords, compare
+from workbench.analysis.anomalies import find_anomalies
+from workbench.cli import main
 from workbench.errors import UnsupportedError, WorkbenchError
 from workbench.importers import (
     ImportFormatError,
@@ -66,6 +68,20 @@ def test_an_imported_run_reads_as_a_complete_run(stores: dict[str, Path], tmp_pa
     assert "not of the tensor" in run.attrs["imported"]["fingerprint"]
     assert int(run.site_table()["numel"].iloc[0]) == 65536  # from the logged count
     assert list_runs(tmp_path / "runs")["steps"].tolist() == [f"{STEPS}/{STEPS}"]
+
+
+def test_an_import_without_scalars_has_no_nan_loss_anomaly(stores: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # TE's debug log holds tensor statistics, no loss: the store's NaN scalars say nothing was logged
+    example = Path(__file__).parents[2] / "data" / "examples" / "te_debug"
+    run = open_run(import_te_log([example], tmp_path / "runs" / "te-a"))
+    assert run.scalars["loss"].isna().all() and run.logs_scalars is False
+    assert main(["anomalies", str(run.path)]) == 0
+    assert "no anomalies" in capsys.readouterr().out
+    assert find_anomalies(run.scalars, run.records(), scalars_logged=run.logs_scalars).empty
+    flagged = find_anomalies(run.scalars, None)  # the same NaN, had the producer logged it: the training's own
+    assert flagged["rule"].tolist() == ["nonfinite"] and flagged["site"].tolist() == ["scalar:loss"]
+    assert open_run(stores["a"]).logs_scalars  # a store the runner wrote logs its scalars
 
 
 def test_identical_runs_import_identical(stores: dict[str, Path], tmp_path: Path) -> None:

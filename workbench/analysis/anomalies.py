@@ -67,7 +67,7 @@ def _rolling_baseline(values: pd.Series, window: int) -> tuple[pd.Series, pd.Ser
     return median, mad
 
 
-def _nonfinite(scalars: pd.DataFrame, records: RunRecords | None) -> list[dict[str, object]]:
+def _nonfinite(scalars: pd.DataFrame, records: RunRecords | None, scalars_logged: bool) -> list[dict[str, object]]:
     if records is not None:
         stats = records.stats.sel(stat=["nan", "inf"]).sum("stat")
         first = first_true((stats > 0).to_pandas())  # step x site
@@ -75,6 +75,8 @@ def _nonfinite(scalars: pd.DataFrame, records: RunRecords | None) -> list[dict[s
             return [{"step": first.step, "rule": "nonfinite", "site": first.site,
                      "value": float(stats.sel(step=first.step, site=first.site)), "threshold": 0.0,
                      "detail": f"first NaN/Inf, in {first.site}; {first.count} sites hold NaN/Inf at that step"}]
+    if not scalars_logged:  # NaN there says nothing was logged, not that the training went NaN
+        return []
     for column in ("loss", "grad_norm"):
         values = scalars[column]
         bad_steps = values.index[~np.isfinite(values.to_numpy(dtype=float))]
@@ -93,10 +95,12 @@ def _threshold_rows(values: pd.Series, limit: pd.Series, rule: str, site: str, a
 
 
 def find_anomalies(scalars: pd.DataFrame, records: RunRecords | None = None,
-                   rules: AnomalyRules | None = None) -> pd.DataFrame:
-    """Every anomaly of one run by the rules in the module docstring, sorted by step."""
+                   rules: AnomalyRules | None = None, *, scalars_logged: bool = True) -> pd.DataFrame:
+    """Every anomaly of one run by the rules in the module docstring, sorted by step. ``scalars_logged=False``
+    (``RunStore.logs_scalars`` of an import of tensors alone): the scalars are NaN because nothing was logged,
+    so only the site records are judged."""
     rules = rules or AnomalyRules()
-    rows = _nonfinite(scalars, records)
+    rows = _nonfinite(scalars, records, scalars_logged)
     loss = scalars["loss"].astype(float)
     median, mad = _rolling_baseline(loss, rules.window)
     spike = median + rules.spike_factor * mad.clip(lower=1e-12)

@@ -214,7 +214,8 @@ def _anomalies(args: argparse.Namespace) -> int:
             terminal_safe(f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}"), flush=True))
         print(f"{name}: {_count(len(found))}; the run is {open_run(args.run).status}")
         return 1 if len(found) else 0
-    found = find_anomalies(run.scalars, run.records_or_none(), rules)  # scalars alone without site records
+    # from the scalars alone without site records; from the records alone where nothing logged the scalars
+    found = find_anomalies(run.scalars, run.records_or_none(), rules, scalars_logged=run.logs_scalars)
     if found.empty:
         print(f"{terminal_safe(run.name)}: no anomalies in {len(run.scalars)} steps")
         return 0

@@ -46,6 +46,7 @@ from workbench.store.writer import (
     create_sites_group,
     create_store,
     set_status,
+    update_manifest,
     write_site_rows,
 )
 
@@ -220,12 +221,14 @@ def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str 
 
 def write_unlogged_scalars(run_dir: Path, steps: int) -> None:
     """Per-step scalars for an import that has none: NaN (integer fields 0) at every step, each step marked
-    written, so the store reads as complete."""
+    written, so the store reads as complete; the manifest says they were not logged (``layout.SCALARS_LOGGED``),
+    so that no reader takes them for a NaN loss."""
     writer = ScalarWriter(run_dir, flush_every=steps)
     no_scalars = {field: (0 if dtype.startswith("int") else np.nan) for field, dtype in layout.SCALAR_FIELDS.items()}
     for step in range(steps):
         writer.append(step, no_scalars)
     writer.close()
+    update_manifest(run_dir, **{layout.SCALARS_LOGGED: False})
 
 
 def _site_infos(arrays: TableArrays) -> list[SiteInfo]:

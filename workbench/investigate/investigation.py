@@ -62,7 +62,8 @@ def investigate(run_path: str | Path, *, reference: str | Path | None = None, ru
                 overwrite: bool = False, progress: ProgressFn | None = None) -> Investigation:
     """Anomalies of a run; replay of the first one; bisect against ``reference`` if given."""
     run = open_run(run_path)
-    found = find_anomalies(run.scalars, run.records_or_none(), rules or AnomalyRules())
+    found = find_anomalies(run.scalars, run.records_or_none(), rules or AnomalyRules(),
+                           scalars_logged=run.logs_scalars)
     if found.empty:
         return Investigation(run=run.name, anomalies=found, step=None, replay=None, bisect=None)
     step = int(found["step"].iloc[0])

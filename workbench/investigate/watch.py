@@ -44,7 +44,7 @@ def poll_anomalies(run_dir: str | os.PathLike[str], rules: AnomalyRules | None =
         records = run.records_or_none()  # None: scalars only
     except DamagedStoreError:
         records = None  # site arrays unreadable at this moment: judged from the scalars this time
-    return find_anomalies(run.scalars, records, rules), status
+    return find_anomalies(run.scalars, records, rules, scalars_logged=run.logs_scalars), status
 
 
 def watch_anomalies(run_dir: str | os.PathLike[str], *, rules: AnomalyRules | None = None,

@@ -76,6 +76,10 @@ SCALARS_GROUP = "scalars"
 STEP_DIM = "step"
 STEP_CHUNK = 512
 
+SCALARS_LOGGED = "scalars_logged"
+"""Manifest field: false where the producer logged no per-step scalars (an import of tensors alone), whose
+scalars are NaN at every step; absent (true) otherwise."""
+
 SCALAR_FIELDS: dict[str, str] = {
     "loss": "float64",
     "grad_norm": "float64",

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import determinism
 from workbench.errors import DamagedStoreError
-from workbench.store.layout import Status
+from workbench.store.layout import SCALARS_LOGGED, Status
 
 if TYPE_CHECKING:
     from workbench.config import RunConfig
@@ -305,6 +305,7 @@ FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "host": (lambda v: isinstance(v, str), "a string"),
     "platform": (lambda v: isinstance(v, str), "a string"),
     "kinds_missing": (_mapping(), "a mapping of site kind to why it was never seen"),
+    SCALARS_LOGGED: (lambda v: isinstance(v, bool), "true or false"),
     "versions": (_mapping(), "a mapping of package to version"),
     "runtime": (_mapping(), "a mapping"),
     "error": (_mapping(), "a mapping"),

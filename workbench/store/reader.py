@@ -460,6 +460,12 @@ class Run:
         return f"{self.url}/{path}" if self.url is not None else self.paths.store / path
 
     @property
+    def logs_scalars(self) -> bool:
+        """Whether its producer logged the per-step scalars (loss, gradient norm, ...): an import of tensors
+        alone (TE's debug statistics, Megatron-LM's dumps) holds NaN there, which is no NaN of the training's."""
+        return self.attrs.get(layout.SCALARS_LOGGED) is not False
+
+    @property
     def final_loss(self) -> float:
         n = self.steps_completed
         return float(layout.read(layout.array(self._scalars, "loss"), n - 1)) if n else float("nan")

@@ -104,7 +104,8 @@ class Workspace:
         """``analysis.anomalies.find_anomalies`` of one run (from its scalars alone if it has no records); held."""
         rules = rules or AnomalyRules()
         records = self.records(name) if self.runs[name].has_sites else None  # None: scalars only
-        return self.holding.get("anomalies", (name, rules), lambda: find_anomalies(self.scalars(name), records, rules))
+        return self.holding.get("anomalies", (name, rules), lambda: find_anomalies(
+            self.scalars(name), records, rules, scalars_logged=self.runs[name].logs_scalars))
 
     def pair_matrix(self, names: Iterable[str] | None = None) -> PairMatrix:
         """The first divergent step of every pair of ``names`` (default: every recorded run)."""
