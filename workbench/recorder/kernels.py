@@ -250,7 +250,7 @@ def native(isa: str = "native") -> Any:
     """The C++ kernel module (``accumulate``, ``accumulate_many``, ``accumulate_differences``,
     ``accumulate_copies``, ``instruction_set``), built on first use and cached per machine; ``isa`` holds
     the build to fewer vector instructions (``ISAS``)."""
-    cpp_extension = _cpp_extension()
+    cpp_extension = quiet_cpp_extension()
 
     source = Path(__file__).with_name("native_stats.cpp")
     code = b"".join(p.read_bytes() for p in (source, *sorted(source.parent.glob("native_*.h"))))
@@ -269,7 +269,7 @@ def native(isa: str = "native") -> Any:
                               extra_ldflags=["-fopenmp"], verbose=False)
 
 
-def _cpp_extension() -> Any:
+def quiet_cpp_extension() -> Any:
     """``torch.utils.cpp_extension``, imported without its warning on a machine with a CUDA toolkit but no GPU
     ("No CUDA runtime is found, using CUDA_HOME=..."): this kernel is built for the CPU, and the line would reach
     the user's terminal beside a verb's own output."""
@@ -288,7 +288,7 @@ def _built(name: str) -> Any:
     1.5-5 s per process on that check, and every rank of every run pays it), or None. The name holds the hash
     of the sources, flags and torch, so a module of that name is current; one whose build holds the lock may
     be half written and is left to ``load``."""
-    cpp_extension = _cpp_extension()
+    cpp_extension = quiet_cpp_extension()
     directory = Path(cpp_extension._get_build_directory(name, verbose=False))
     if not (directory / f"{name}.so").is_file() or (directory / "lock").exists():
         return None

@@ -98,6 +98,9 @@ def install() -> None:
     torch.cuda.set_rng_state = _set_cpu_rng_state  # type: ignore[assignment]
     torch.cuda.manual_seed = _cpu_manual_seed  # type: ignore[assignment]
 
+    from workbench.recorder.kernels import quiet_cpp_extension
+
+    quiet_cpp_extension()  # Megatron imports it next, which would say "No CUDA runtime is found" on this machine
     from megatron.core.tensor_parallel import random as mcore_random
 
     mcore_random._get_cuda_rng_state = _cpu_rng_state
