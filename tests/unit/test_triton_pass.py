@@ -24,7 +24,9 @@ CASES = Path(__file__).with_name("triton_interpreted.py")
 
 
 def test_the_kernel_s_cases_under_triton_s_interpreter(tmp_path: Path) -> None:
-    environment = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("WORKBENCH_TEST_TIMES", "WORKBENCH_TEST_PHASE")}  # its time is this test's
+    environment.update({"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            "--basetemp", str(tmp_path / "t"), str(CASES)], env=environment, capture_output=True,
                           text=True, timeout=600, cwd=Path(__file__).parents[2])

@@ -201,6 +201,9 @@ def test_what_the_kernel_does_not_take_is_left_to_the_other_paths(interpreted: M
     assert not interpreted.accumulate(x.int(), whole, 1e-38, 1e38, acc, lanes)
     assert not interpreted.accumulate(x, kernels.host_rows(torch.zeros(4, 2, dtype=torch.int32)), 1e-38, 1e38, acc,
                                       lanes)  # coords not made by coords_tensor: their rows are not on the host
+    strided = torch.randn(30, 40).t()  # a strided gradient: read after one copy, as its contiguous self
+    _, fingerprint = read(interpreted, strided, kernels.identity_coords(strided.shape), "fp32")
+    assert fingerprint == fingerprint_reference(strided.contiguous().numpy())
     assert interpreted.shape_rows((6, 1, 5), ((1, 5), (0, 7), (0, 1))) == (5, [30], [1])
     assert interpreted.shape_rows((2, 3), ((0, 10), (0, 1))) == (0, [2, 3], [10, 1])
 

@@ -343,7 +343,8 @@ def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: floa
 def accumulate_many(items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]], tiny: float,
                     largest: float, *, fused: bool = True) -> None:
     """``accumulate`` for each (x, coords, acc, lanes) of ``items``; CPU tensors in one native call
-    (one parallel pass over all their chunks), the others one by one."""
+    (one parallel pass over all their chunks), CUDA tensors in the Triton table kernel (a launch per element
+    type), the others one by one."""
     on_cpu = [(x.detach().contiguous(), c, a, lane) for x, c, a, lane in items if fused and takes_native(x)]
     if on_cpu:
         xs, coords, accs, lanes = (list(column) for column in zip(*on_cpu))

@@ -1,28 +1,29 @@
-"""The statistics and fingerprint of a GPU tensor in one Triton kernel: one read of the tensor, one launch.
+"""The statistics and fingerprint of GPU tensors in Triton kernels: one read of each tensor, few launches.
 
 ``accumulate`` adds the ``workbench.statistics`` vector and fingerprint lanes of a tensor (or shard, or a slice
-of an activation) into a site's accumulators on the device, as ``kernels.accumulate`` does, and optionally in
-the same read copies the tensor into a buffer (the optimizer's start-of-step copy) or reads the difference of
-two tensors in registers (``update = after - before``, never materialised). Arguments are pointers and
-scalars: nothing is allocated and nothing is read back per launch, so the training stream never waits.
+of an activation) into a site's accumulators on the device, as ``kernels.accumulate`` does, in one launch with
+scalar arguments; ``accumulate_table`` does the same for many tensors (the parameter side) in one launch per
+element type and mode, over a table of pointers. In the same read a kernel can copy the tensor into a buffer (the
+optimizer's start-of-step copy), read the difference of two tensors (``update = after - before``) or a tensor
+divided by the data-parallel size, never materialised. Nothing is allocated and nothing is read back per
+launch, so the training stream never waits.
 
-The kernel, per program (a persistent grid of at most ``programs`` programs, each looping over tiles):
+What a kernel computes, per program (a persistent grid, each program looping over tiles):
 
 * the fingerprint lanes: integer words summed modulo 2^32 (any order gives the same bits);
 * counts and extremes: exact (integers, and maxima of the values themselves);
 * sums in float32 per element lane, merged in float64 at the end. A tile holding any NaN, Inf or value past
   2^32 (or past the run precision's largest) is summed in float64 instead, so huge values neither overflow a
   float32 partial nor lose the small ones beside them;
-* its partials are written to a workspace; the last program to finish (an atomic counter) reduces them in
-  program order and adds them into the accumulators. No float atomics: two runs give the same bits.
+* its partials are written to a workspace; the last program to finish a tensor (an atomic counter) folds them
+  in order and adds them into the accumulators. No float atomics: two runs give the same bits.
 
-One kernel per element type (``KINDS``); the mode (plain, copy, difference, divided) and the number of dimensions after
-merging those that are contiguous in the full tensor (1, 2 or 3; a 4-D placement that does not merge goes the
-compiled way) are scalar arguments, branches taken once per tile, so six kernels cover every call (a build test
-compiles each for sm_80 and sm_90 in a few seconds). Under ``TRITON_INTERPRET=1`` the same kernel runs on CPU
-tensors (the tests).
+One kernel of each kind per element type (``KINDS``; the table kernel for ``TABLE_TYPES``); the mode (plain,
+copy, difference, divided) and the number of dimensions after merging those that are contiguous in the full
+tensor (1, 2 or 3; a 4-D placement that does not merge goes the compiled way) are arguments, branches taken once
+per tile, not specialisations (``build`` compiles every kernel for sm_80 and sm_90 in about 6 s each). Under
+``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (the tests).
 """
-
 from __future__ import annotations
 
 import functools
@@ -43,7 +44,8 @@ MODES = (PLAIN, COPY, DIFFERENCE, DIVIDED)
 BLOCK = 1024
 MAX_PROGRAMS = 1024
 _COLUMNS = 16  # per program: 8 sums, 3 maxima, 2 lanes (and room)
-_LARGEST_INDEX = 2**31 - 2 * BLOCK  # element offsets are int32 in the kernel
+_LARGEST_INDEX = 2**31 - 2 * BLOCK  # word offsets are int32 in the kernels
+
 
 @triton.jit
 def _mix(word, index, INDEX_MULT: tl.constexpr, MIX_MULT: tl.constexpr, BEFORE: tl.constexpr,
@@ -231,8 +233,10 @@ def _fold(partials_ptr, first_row, rows, acc_ptr, lanes_ptr, FOLD: tl.constexpr)
         index = block + tl.arange(0, FOLD)
         cells = partials_ptr + (first_row + index)[:, None] * 16 + columns[None, :]
         present = (index < rows)[:, None] & (columns < 13)[None, :]
-        sums += tl.sum(tl.load(cells, mask=present, other=0.0), axis=0)
-        maxima = tl.maximum(maxima, tl.max(tl.load(cells, mask=present, other=float("-inf")), axis=0))
+        # from L2 (".cg"): other programs wrote these rows, and this SM's L1 may hold a previous launch's
+        sums += tl.sum(tl.load(cells, mask=present, other=0.0, cache_modifier=".cg"), axis=0)
+        maxima = tl.maximum(maxima, tl.max(tl.load(cells, mask=present, other=float("-inf"), cache_modifier=".cg"),
+                                           axis=0))
     acc = tl.load(acc_ptr + columns, mask=columns < 11, other=0.0)
     acc = tl.where(columns < 8, acc + sums, tl.maximum(acc, maxima))
     tl.store(acc_ptr + columns, acc, mask=columns < 11)
@@ -353,7 +357,8 @@ imported): they then read CPU tensors, and only those."""
 def takes(x: torch.Tensor) -> bool:
     """Whether the kernel reads ``x``: a CUDA tensor (a CPU one under the interpreter) of a type it knows, of
     fewer than 2^31 elements."""
-    return (x.device.type == "cpu" if INTERPRETED else x.is_cuda) and x.dtype in KINDS and x.numel() < _LARGEST_INDEX
+    words = x.numel() * (2 if x.dtype == torch.float64 else 1)  # a float64 element is read as two int32 words
+    return (x.device.type == "cpu" if INTERPRETED else x.is_cuda) and x.dtype in KINDS and words < _LARGEST_INDEX
 
 
 def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: float, largest: float,
@@ -370,9 +375,9 @@ def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: 
     if rows is None or not takes(x) or (before is not None and (before.dtype != x.dtype or before.shape != x.shape
                                                                 or x.dtype == torch.float64)):
         return False
-    x = x.detach()
-    if not x.is_contiguous() or (copy is not None and not copy.is_contiguous()):
+    if copy is not None and not (x.is_contiguous() and copy.is_contiguous()):
         return False
+    x = x.detach().contiguous()  # (a strided activation gradient: one copy, then the one read)
     layout = shape_rows(tuple(x.shape), rows)
     if layout is None:
         return False
@@ -476,7 +481,7 @@ def accumulate_table(entries: list[tuple[torch.Tensor, tuple[tuple[int, int], ..
         sizes += [1] * (3 - dims)
         strides += [0] * (3 - dims)
         other = before.detach().contiguous() if before is not None else x
-        keep.append(other)
+        keep.append(other)  # a temporary must live until its launch is queued: after it, the stream orders reuse
         mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
         row = [x.data_ptr(), other.data_ptr(), (copy if copy is not None else x).data_ptr(), acc.data_ptr(),
                lanes.data_ptr(), x.numel(), to_signed32(base), sizes[1], sizes[2], to_signed32(strides[0]),
