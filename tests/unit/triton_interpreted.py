@@ -262,3 +262,45 @@ def test_a_table_of_tensors_in_one_launch_reads_each_as_its_own_launch_does(inte
     scattered = kernels.host_rows(kernels.coords_tensor([[0, 10000], [0, 1000], [0, 100], [0, 1]]))
     assert interpreted.accumulate_table([(torch.randn(2, 3, 4, 5), scattered, acc, lanes, None, None)], 1e-38,
                                         1e38) == ([False], {})
+
+
+def test_pieces_of_one_parameter_in_a_table_are_folded_once_as_one_group(interpreted: ModuleType) -> None:
+    # the distributed optimizer's shards: one parameter's pieces a rank owns add into one site's accumulators; in a
+    # table they are one group (items side by side, one counter, one fold), even between other tensors' rows
+    weight = torch.randn(50, 700, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    flat = weight.view(-1)
+    pieces = [(flat[:17000], 0), (flat[17000:17100], 17000), (flat[30000:], 30000)]
+    other = torch.randn(3000, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    acc, lanes = kernels.new_accumulators(torch.device("cpu"))
+    other_acc, other_lanes = kernels.new_accumulators(torch.device("cpu"))
+    entries = [(pieces[0][0], kernels.host_rows(kernels.coords_tensor([[0, 1]])), acc, lanes, None, None),
+               (other, kernels.host_rows(kernels.identity_coords(other.shape)), other_acc, other_lanes, None, None)]
+    entries += [(piece, kernels.host_rows(kernels.coords_tensor([[offset, 1]])), acc, lanes, None, None)
+                for piece, offset in pieces[1:]]
+    assert interpreted.accumulate_table(entries, 1e-38, 1e38) == ([True] * 4, {})
+    owned = torch.cat([piece for piece, _ in pieces])
+    index = np.concatenate([np.arange(offset, offset + piece.numel()) for piece, offset in pieces]).astype(np.uint64)
+    assert pack_fingerprint(*lanes.tolist()) == fingerprint_reference(bits(owned), index)
+    stats = assemble(acc[:8].numpy(), acc[8:].numpy())
+    assert_agrees(stats, stats_reference(owned.double().numpy(), "bf16"))
+    assert pack_fingerprint(*other_lanes.tolist()) == fingerprint_reference(bits(other))
+    # the layout: a group's rows side by side, one group number, the group's first item and count on each
+    rows = [[0, 0, 0, site, site, n] + [0] * 14 for site, n in ((1, 20000), (2, 3000), (1, 100))]
+    laid = interpreted.table_layout([rows[0], rows[2], rows[1]])
+    assert [row[13] for row in laid] == [0, 2, 3] and [row[16] for row in laid] == [0, 0, 1]
+    assert [row[14:16] for row in laid] == [[0, 3], [0, 3], [3, 1]]
+
+
+def test_squares_of_tiny_values_are_summed_without_underflow(interpreted: ModuleType) -> None:
+    x = torch.full((3000,), 1e-25)
+    x[::2] = -3e-30
+    stats, _ = read(interpreted, x, kernels.identity_coords(x.shape), "fp32")
+    assert_agrees(stats, stats_reference(x.numpy(), "fp32"))
+    assert stats[STAT_NAMES.index("sum_sq")] > 0
+
+
+def test_a_zero_dimensional_tensor_is_read(interpreted: ModuleType) -> None:
+    for value in (torch.tensor(2.5, dtype=torch.float64), torch.tensor(-1.5, dtype=torch.bfloat16)):
+        stats, fingerprint = read(interpreted, value, kernels.identity_coords(value.shape), "fp32")
+        assert fingerprint == fingerprint_reference(bits(value.reshape(1)))
+        assert stats[STAT_NAMES.index("count")] == 1 and stats[STAT_NAMES.index("max")] == float(value)

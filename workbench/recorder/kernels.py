@@ -181,9 +181,8 @@ def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, 
     started = time.perf_counter()
     try:
         taken = bool(module.accumulate(x, host_rows(coords), tiny, largest, acc, lanes, **how))
-    except Exception as err:  # the compiler's failure (the data cannot make this kernel raise)
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        BUILD_FAILURES[name] = f"{type(err).__name__}: {' '.join(lines[:3])[:300]}"
+    except module.KernelBuildError as err:  # the compiler's failure (the data cannot make this kernel raise)
+        BUILD_FAILURES[name] = str(err)
         warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU "
                       f"({BUILD_FAILURES[name]}); recording {x.dtype} tensors with the compiled pass, "
                       "several kernels a tensor (the run's manifest says so)", RuntimeWarning, stacklevel=3)
@@ -295,6 +294,17 @@ def _built(name: str) -> Any:
     return cpp_extension._import_module_from_library(name, str(directory), True)
 
 
+def divided(x: torch.Tensor, divisor: int) -> torch.Tensor:
+    """``x / divisor`` in x's type, IEEE-rounded on every device, as the Triton kernel divides: torch's CUDA kernel
+    multiplies by the reciprocal of a Python number (a last-bit difference for a divisor that is not a power of
+    two), so on a GPU the divisor is a 0-d tensor on the device (a fill, no upload, no wait)."""
+    if divisor == 1:
+        return x
+    if x.device.type == "cpu":
+        return x / divisor
+    return x / torch.full((), float(divisor), dtype=torch.float32, device=x.device)
+
+
 def new_accumulators(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Empty accumulators: float64 [11] (8 sums, then max, -min, absmax) and int64 [2] lanes."""
     acc, lanes = _empty_accumulators(device)
@@ -324,7 +334,7 @@ def accumulate(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: floa
     if divisor != 1:
         if fused and _on_gpu(x, coords, tiny, largest, acc, lanes, divisor=divisor):
             return
-        x = x / divisor
+        x = divided(x, divisor)
     if fused and takes_native(x):
         x = x.detach().contiguous()
         if x.numel():

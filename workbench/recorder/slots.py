@@ -109,10 +109,9 @@ class Slots:
         into this step's accumulators (and snapshot it if due)."""
         acc = self.accumulator(slot)
         if self.snapshotting:
-            self.snapshot(slot, tensor / divisor if divisor != 1 else tensor)
+            self.snapshot(slot, kernels.divided(tensor, divisor))
         if slot.native:  # hundreds of calls a step: straight to the kernel
-            if divisor != 1:
-                tensor = tensor / divisor
+            tensor = kernels.divided(tensor, divisor)
             kernels.native().accumulate(tensor if tensor.is_contiguous() else tensor.contiguous(), slot.coords,
                                         self._tiny, self._largest, acc.acc, acc.lanes)
             kernels.PATHS["native"] += 1

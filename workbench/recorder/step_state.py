@@ -136,7 +136,7 @@ def launch_reduction(pending: list[PendingStep], index: dict[str, int], device: 
         host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (sums, maxes, lanes)]
         for target, source in zip(host, (sums, maxes, lanes)):
             target.copy_(source, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(blocking=True)  # the writer's thread sleeps until it, not spinning a core
         done.record(side)
     return Reduction([p.row for p in pending], host[0], host[1], host[2], done)
 

@@ -26,6 +26,7 @@ per tile, not specialisations (``build`` compiles every kernel for sm_80 and sm_
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -43,6 +44,8 @@ PLAIN, COPY, DIFFERENCE, DIVIDED = 0, 1, 2, 3
 MODES = (PLAIN, COPY, DIFFERENCE, DIVIDED)
 BLOCK = 1024
 MAX_PROGRAMS = 1024
+PROGRAMS = 512
+"""Programs a launch runs on any GPU (about four per SM on an H100's 132): a fixed partition of the work."""
 _COLUMNS = 16  # per program: 8 sums, 3 maxima, 2 lanes (and room)
 _LARGEST_INDEX = 2**31 - 2 * BLOCK  # word offsets are int32 in the kernels
 
@@ -126,7 +129,7 @@ def _tiles(x_ptr, other_ptr, copy_ptr, n, first, last, step, mode, dims, base, s
     lane_a = tl.zeros([BLOCK], tl.uint32)
     lane_b = tl.zeros([BLOCK], tl.uint32)
     total = tl.zeros([BLOCK], ACC)
-    total_sq = tl.zeros([BLOCK], ACC)
+    total_sq = tl.zeros([BLOCK], tl.float64)  # squares of values below 2^-63 vanish in float32
     rare_total = tl.zeros([BLOCK], tl.float64)
     rare_sq = tl.zeros([BLOCK], tl.float64)
     count = tl.zeros([BLOCK], tl.int32)
@@ -170,7 +173,7 @@ def _tiles(x_ptr, other_ptr, copy_ptr, n, first, last, step, mode, dims, base, s
                 value = value - _value(tl.load(other_ptr + offsets, mask=mask, other=0), KIND)
                 word_a = value.to(tl.uint32, bitcast=True)
             if mode == 3:  # x / divisor in the tensor's own type, as torch divides it on the CPU
-                word_a = _rounded_bits(value / divisor, KIND)
+                word_a = _rounded_bits(tl.div_rn(value, divisor), KIND)  # IEEE: '/' is approximate on a GPU
                 value = _from_bits(word_a, KIND)
             word_b = word_a
         # the element's row-major index in the full tensor, modulo 2^32
@@ -198,7 +201,7 @@ def _tiles(x_ptr, other_ptr, copy_ptr, n, first, last, step, mode, dims, base, s
         if tl.max(rare.to(tl.int32), axis=0) == 0:
             common = tl.where(mask, value, 0.0).to(ACC)
             total += common
-            total_sq += common * common
+            total_sq += common.to(tl.float64) * common.to(tl.float64)
         else:
             nans += (mask & (value != value)).to(tl.int32)
             infs += (mask & (magnitude == float("inf"))).to(tl.int32)
@@ -209,7 +212,7 @@ def _tiles(x_ptr, other_ptr, copy_ptr, n, first, last, step, mode, dims, base, s
 
     tl.store(row_ptr + 0, tl.sum(count, axis=0).to(tl.float64))
     tl.store(row_ptr + 1, tl.sum(total.to(tl.float64), axis=0) + tl.sum(rare_total, axis=0))
-    tl.store(row_ptr + 2, tl.sum(total_sq.to(tl.float64), axis=0) + tl.sum(rare_sq, axis=0))
+    tl.store(row_ptr + 2, tl.sum(total_sq, axis=0) + tl.sum(rare_sq, axis=0))
     tl.store(row_ptr + 3, tl.sum(nans, axis=0).to(tl.float64))
     tl.store(row_ptr + 4, tl.sum(infs, axis=0).to(tl.float64))
     tl.store(row_ptr + 5, tl.sum(zeros, axis=0).to(tl.float64))
@@ -237,17 +240,18 @@ def _fold(partials_ptr, first_row, rows, acc_ptr, lanes_ptr, FOLD: tl.constexpr)
         sums += tl.sum(tl.load(cells, mask=present, other=0.0, cache_modifier=".cg"), axis=0)
         maxima = tl.maximum(maxima, tl.max(tl.load(cells, mask=present, other=float("-inf"), cache_modifier=".cg"),
                                            axis=0))
-    acc = tl.load(acc_ptr + columns, mask=columns < 11, other=0.0)
+    acc = tl.load(acc_ptr + columns, mask=columns < 11, other=0.0, cache_modifier=".cg")
     acc = tl.where(columns < 8, acc + sums, tl.maximum(acc, maxima))
     tl.store(acc_ptr + columns, acc, mask=columns < 11)
     # lanes: each row's sum is below 2^32, and a sum of fewer than 2^21 rows is exact in float64
     words = tl.where((columns >= 11) & (columns < 13), sums, 0.0).to(tl.int64)
     lane_columns = tl.where(columns >= 11, columns - 11, 0)
-    lanes = tl.load(lanes_ptr + lane_columns, mask=(columns >= 11) & (columns < 13), other=0)
+    lanes = tl.load(lanes_ptr + lane_columns, mask=(columns >= 11) & (columns < 13), other=0, cache_modifier=".cg")
     tl.store(lanes_ptr + lane_columns, (lanes + words) & 0xFFFFFFFF, mask=(columns >= 11) & (columns < 13))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "mode", "dims", "base", "size1", "size2", "stride0", "stride1", "stride2"],
+            do_not_specialize_on_alignment=["partials_ptr", "counter_ptr", "acc_ptr", "lanes_ptr"])
 def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, size2, stride0, stride1, stride2,
                        divisor, tiny, largest, fast_limit, partials_ptr, counter_ptr, acc_ptr, lanes_ptr,
                        KIND: tl.constexpr, BLOCK: tl.constexpr):
@@ -264,25 +268,29 @@ def _statistics_kernel(x_ptr, other_ptr, copy_ptr, n, mode, dims, base, size1, s
         tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch on this stream
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tensors", "items", "mode"],
+            do_not_specialize_on_alignment=["table_ptr", "partials_ptr", "counters_ptr"])
 def _table_kernel(table_ptr, tensors, items, mode, divisor, tiny, largest, fast_limit, partials_ptr, counters_ptr,
-                  KIND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, MAX_TENSORS: tl.constexpr):
-    """Many tensors of one type in one launch, described by a table (int64 [tensors, 16]: pointers to the tensor,
-    the other tensor, the copy, the accumulators and the lanes; n, base, size1, size2, stride0..2, dims, unused,
-    first item, items). An item is ``CHUNK`` tiles of one tensor; the last item of a tensor to finish folds its
-    rows, in order."""
+                  KIND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, MAX_TENSORS: tl.constexpr,
+                  COLUMNS: tl.constexpr):
+    """Many tensors of one type in one launch, described by a table (int64 [tensors, COLUMNS]: pointers to the
+    tensor, the other tensor, the copy, the accumulators and the lanes; n, base, size1, size2, stride0..2, dims,
+    the row's first item, its group's first item and items, the group). An item is ``CHUNK`` tiles of one tensor.
+    Rows that add into the same accumulators (the pieces of one parameter a rank owns) are one group, their items
+    side by side: the last item of a group to finish folds all of the group's rows, in order, once."""
     WORD: tl.constexpr = tl.int32 if KIND == 0 or KIND == 3 else tl.int16 if KIND < 3 else tl.uint8
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     rows = tl.arange(0, MAX_TENSORS)
-    firsts = tl.load(table_ptr + rows * 16 + 14, mask=rows < tensors, other=2**62)
+    firsts = tl.load(table_ptr + rows * COLUMNS + 13, mask=rows < tensors, other=2**62)
     for item in range(pid, items, programs):
         tensor = tl.sum((firsts <= item).to(tl.int32), axis=0) - 1
-        row = table_ptr + tensor * 16
+        row = table_ptr + tensor * COLUMNS
         n = tl.load(row + 5).to(tl.int32)
-        first_item = tl.load(row + 14)
-        own_items = tl.load(row + 15).to(tl.int32)
-        chunk = (item - first_item).to(tl.int32)
+        chunk = (item - tl.load(row + 13)).to(tl.int32)
+        group_first = tl.load(row + 14)
+        group_items = tl.load(row + 15).to(tl.int32)
+        group = tl.load(row + 16).to(tl.int32)
         tiles = (n + BLOCK - 1) // BLOCK
         _tiles(tl.load(row + 0).to(tl.pointer_type(WORD)), tl.load(row + 1).to(tl.pointer_type(WORD)),
                tl.load(row + 2).to(tl.pointer_type(WORD)), n, chunk * CHUNK, tl.minimum((chunk + 1) * CHUNK, tiles), 1,
@@ -291,11 +299,11 @@ def _table_kernel(table_ptr, tensors, items, mode, divisor, tiny, largest, fast_
                tl.load(row + 11).to(tl.int32), divisor, tiny, largest, fast_limit, partials_ptr + item * 16, KIND,
                BLOCK)
         tl.debug_barrier()
-        finished = tl.atomic_add(counters_ptr + tensor, 1)
-        if finished == own_items - 1:
-            _fold(partials_ptr, first_item, own_items, tl.load(row + 3).to(tl.pointer_type(tl.float64)),
+        finished = tl.atomic_add(counters_ptr + group, 1)
+        if finished == group_items - 1:
+            _fold(partials_ptr, group_first, group_items, tl.load(row + 3).to(tl.pointer_type(tl.float64)),
                   tl.load(row + 4).to(tl.pointer_type(tl.int64)), 128)
-            tl.atomic_xchg(counters_ptr + tensor, 0)
+            tl.atomic_xchg(counters_ptr + group, 0)
 
 
 @triton.jit
@@ -316,15 +324,19 @@ TABLE_TYPES = (torch.float32, torch.bfloat16, torch.float16)
 takes a launch of its own)."""
 
 
+def _stream(device: torch.device) -> int:
+    """The stream a launch on ``device`` goes to now (0 on the CPU)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
 @functools.cache
-def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(partials [MAX_PROGRAMS, 16] float64, counter [1] int32, programs per launch) of ``device``: allocated
-    once, so that no launch allocates (a captured CUDA graph stays valid). Launches on one stream take turns."""
+def _workspace(device: torch.device, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(partials [MAX_PROGRAMS, 16] float64, counter [1] int32, programs per launch) of ``device`` and one of its
+    streams: allocated once, not per launch. Launches on one stream take turns; each stream has its own. The grid
+    is the same on every GPU (``PROGRAMS``), so the float sums are the same bits on an A100 and an H200."""
     partials = torch.zeros((MAX_PROGRAMS, _COLUMNS), dtype=torch.float64, device=device)
     counter = torch.zeros(1, dtype=torch.int32, device=device)
-    programs = 4 if device.type == "cpu" else min(MAX_PROGRAMS,
-                                                  4 * torch.cuda.get_device_properties(device).multi_processor_count)
-    return partials, counter, programs
+    return partials, counter, 4 if device.type == "cpu" else PROGRAMS
 
 
 def shape_rows(shape: tuple[int, ...], rows: tuple[tuple[int, int], ...]) -> tuple[int, list[int], list[int]] | None:
@@ -391,16 +403,36 @@ def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: 
     kind = KINDS[x.dtype]
     words = _WORDS[kind]
     mode = COPY if copy is not None else DIFFERENCE if before is not None else DIVIDED if divisor != 1 else PLAIN
-    partials, counter, programs = _workspace(x.device)
+    partials, counter, programs = _workspace(x.device, _stream(x.device))
     grid = (min(programs, triton.cdiv(n, BLOCK)),)
-    source = x.view(words)
-    _statistics_kernel[grid](
-        source, source if before is None else before.detach().contiguous().view(words),
-        source if copy is None else copy.view(words), n, mode, dims, to_signed32(base), sizes[1], sizes[2],
-        to_signed32(strides[0]), to_signed32(strides[1]), to_signed32(strides[2]), float(divisor), tiny, largest,
-        min(largest, 2.0**32), partials, counter, acc, lanes,
-        KIND=kind, BLOCK=BLOCK)
+    source = x.reshape(-1).view(words)  # (a 0-d float64 tensor has no int32 view; its flat self has)
+    other = source if before is None else before.detach().contiguous().reshape(-1).view(words)
+    target = source if copy is None else copy.reshape(-1).view(words)
+    try:
+        with _launching_on(x.device):
+            _statistics_kernel[grid](
+                source, other, target, n, mode, dims, to_signed32(base), sizes[1], sizes[2], to_signed32(strides[0]),
+                to_signed32(strides[1]), to_signed32(strides[2]), float(divisor), tiny, largest, min(largest, 2.0**32),
+                partials, counter, acc, lanes, KIND=kind, BLOCK=BLOCK)
+    except Exception as err:  # the launch itself: the kernel cannot be built or run on this device
+        raise KernelBuildError(_first_lines(err)) from err
     return True
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel that could not be built (or launched) on this device: the compiler's message."""
+
+
+def _first_lines(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {' '.join(lines[:3])[:300]}"
+
+
+def _launching_on(device: torch.device) -> Any:
+    """The context a launch for a tensor on ``device`` runs in: Triton launches on the current CUDA device."""
+    if device.type != "cuda" or device.index in (None, torch.cuda.current_device()):
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def build(kind: int, capability: int) -> list[Any]:
@@ -422,8 +454,9 @@ def build(kind: int, capability: int) -> list[Any]:
     table_signature = {"table_ptr": "*i64", "tensors": "i32", "items": "i32", "mode": "i32",
                        "partials_ptr": "*fp64", "counters_ptr": "*i32",
                        **{name: "fp32" for name in ("divisor", "tiny", "largest", "fast_limit")},
-                       **{name: "constexpr" for name in ("KIND", "BLOCK", "CHUNK", "MAX_TENSORS")}}
-    table_constants = {"KIND": kind, "BLOCK": BLOCK, "CHUNK": CHUNK, "MAX_TENSORS": MAX_TENSORS}
+                       **{name: "constexpr" for name in ("KIND", "BLOCK", "CHUNK", "MAX_TENSORS", "COLUMNS")}}
+    table_constants = {"KIND": kind, "BLOCK": BLOCK, "CHUNK": CHUNK, "MAX_TENSORS": MAX_TENSORS,
+                       "COLUMNS": _TABLE_COLUMNS}
     target = GPUTarget("cuda", capability, 32)
     built = [triton.compile(ASTSource(_statistics_kernel, signature, constants), target=target)]
     if kind in {KINDS[dtype] for dtype in TABLE_TYPES}:
@@ -431,22 +464,57 @@ def build(kind: int, capability: int) -> list[Any]:
     return built
 
 
+_TABLE_COLUMNS = 20
+
+
+def _items(row: list[int]) -> int:
+    """Items (``CHUNK`` tiles each) of a table row's tensor."""
+    return triton.cdiv(triton.cdiv(row[5], BLOCK), CHUNK)
+
+
+def _grouped(members: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """``members`` with the rows that add into the same accumulators side by side, groups in order of first sight
+    and rows in their order within each."""
+    groups: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
+    for member in members:
+        groups.setdefault((member[1][3], member[1][4]), []).append(member)
+    return [member for group in groups.values() for member in group]
+
+
+def table_layout(rows: list[list[int]]) -> list[list[int]]:
+    """``rows`` (those of one group side by side) with their items and groups filled in: the row's first item
+    (column 13), its group's first item and item count (14, 15) and the group's number (16, its counter)."""
+    item, group = 0, -1
+    for i, row in enumerate(rows):
+        if i == 0 or row[3:5] != rows[i - 1][3:5]:
+            group += 1
+            first = i
+            rows[i][14] = item
+        row[13], row[16] = item, group
+        row[14] = rows[first][14]
+        item += _items(row)
+        for member in rows[first:i + 1]:
+            member[15] = item - row[14]
+    return rows
+
+
 class _TableSpace:
-    """The table kernel's partial rows and per-tensor counters on one device: grown when a table needs more rows
-    (at the first recorded step), never per launch."""
+    """The table kernel's partial rows and per-group counters on one device and stream: grown when a table needs
+    more rows (at the first recorded step), never per launch."""
 
     def __init__(self) -> None:
-        self.partials: dict[torch.device, torch.Tensor] = {}
-        self.counters: dict[torch.device, torch.Tensor] = {}
+        self.partials: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self.counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
     def rows(self, device: torch.device, items: int) -> tuple[torch.Tensor, torch.Tensor]:
-        partials = self.partials.get(device)
+        key = (device, _stream(device))
+        partials = self.partials.get(key)
         if partials is None or partials.shape[0] < items:
-            partials = self.partials[device] = torch.zeros((max(items, 4096), _COLUMNS), dtype=torch.float64,
-                                                           device=device)
-        if device not in self.counters:
-            self.counters[device] = torch.zeros(MAX_TENSORS, dtype=torch.int32, device=device)
-        return partials, self.counters[device]
+            partials = self.partials[key] = torch.zeros((max(items, 4096), _COLUMNS), dtype=torch.float64,
+                                                        device=device)
+        if key not in self.counters:
+            self.counters[key] = torch.zeros(MAX_TENSORS, dtype=torch.int32, device=device)
+        return partials, self.counters[key]
 
 
 _TABLE_SPACE = _TableSpace()
@@ -485,27 +553,25 @@ def accumulate_table(entries: list[tuple[torch.Tensor, tuple[tuple[int, int], ..
         mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
         row = [x.data_ptr(), other.data_ptr(), (copy if copy is not None else x).data_ptr(), acc.data_ptr(),
                lanes.data_ptr(), x.numel(), to_signed32(base), sizes[1], sizes[2], to_signed32(strides[0]),
-               to_signed32(strides[1]), to_signed32(strides[2]), dims, 0, 0, 0]
+               to_signed32(strides[1]), to_signed32(strides[2]), dims] + [0] * (_TABLE_COLUMNS - 13)
         groups.setdefault((x.device, x.dtype, mode), []).append((i, row))
     for (device, dtype, mode), members in groups.items():
+        members = _grouped(members)
         for start in range(0, len(members), MAX_TENSORS):
-            table_rows = [row for _, row in members[start:start + MAX_TENSORS]]
-            items = 0
-            for row in table_rows:
-                row[14] = items
-                row[15] = triton.cdiv(triton.cdiv(row[5], BLOCK), CHUNK)
-                items += row[15]
+            table_rows = table_layout([row for _, row in members[start:start + MAX_TENSORS]])
+            items = table_rows[-1][13] + _items(table_rows[-1])
             host = torch.tensor(table_rows, dtype=torch.int64, pin_memory=device.type == "cuda")
             table = host.to(device, non_blocking=True)
             partials, counters = _TABLE_SPACE.rows(device, items)
-            _, _, programs = _workspace(device)
+            _, _, programs = _workspace(device, _stream(device))
             try:
-                _table_kernel[(min(programs, items),)](
-                    table, len(table_rows), items, mode, 1.0, tiny, largest, min(largest, 2.0**32), partials,
-                    counters, KIND=KINDS[dtype], BLOCK=BLOCK, CHUNK=CHUNK, MAX_TENSORS=MAX_TENSORS)
-            except Exception as err:  # the compiler's failure: nothing of this group was read
-                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-                failures[dtype] = f"{type(err).__name__}: {' '.join(lines[:3])[:300]}"
+                with _launching_on(device):
+                    _table_kernel[(min(programs, items),)](
+                        table, len(table_rows), items, mode, 1.0, tiny, largest, min(largest, 2.0**32), partials,
+                        counters, KIND=KINDS[dtype], BLOCK=BLOCK, CHUNK=CHUNK, MAX_TENSORS=MAX_TENSORS,
+                        COLUMNS=_TABLE_COLUMNS)
+            except Exception as err:  # the launch itself: nothing of this table was read
+                failures[dtype] = _first_lines(err)
                 for i, _ in members[start:start + MAX_TENSORS]:
                     taken[i] = False
     return taken, failures
