@@ -14,7 +14,8 @@ one launch, the accumulators added on the device, a start-of-step copy or an upd
 difference taken in the same read). ``accumulate`` picks the fastest path that fits the
 tensor, and ``PATHS`` counts the calls each path took (the run's manifest keeps them).
 The fingerprint is integer arithmetic and therefore bitwise the same on every path and
-device; the float sums agree to rounding.
+device (but for the payload of a NaN that a difference or a division produces, which is the
+device's: a GPU gives the canonical NaN); the float sums agree to rounding.
 """
 
 from __future__ import annotations
