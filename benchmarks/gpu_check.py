@@ -230,17 +230,18 @@ def step_probe(base, out: Path, on_cpu: bool) -> None:  # type: ignore[no-untype
 
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from workbench.runner import cpu_compat
-    from workbench.runner.trainer import Trainer
-    from workbench.store.manifest import runner_manifest
-    from workbench.store.writer import create_store
 
     device = torch.device("cpu") if on_cpu else torch.device("cuda", 0)
     if on_cpu:
-        cpu_compat.install()
+        cpu_compat.install()  # before Megatron is imported
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from workbench.runner.trainer import Trainer
+    from workbench.store.manifest import runner_manifest
+    from workbench.store.writer import create_store
     if not dist.is_initialized():
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(29500 + os.getpid() % 1000)})
