@@ -183,16 +183,20 @@ def _on_gpu(x: torch.Tensor, coords: torch.Tensor, tiny: float, largest: float, 
     try:
         taken = bool(module.accumulate(x, host_rows(coords), tiny, largest, acc, lanes, **how))
     except module.KernelBuildError as err:  # the compiler's failure (the data cannot make this kernel raise)
-        BUILD_FAILURES[name] = str(err)
-        warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU "
-                      f"({BUILD_FAILURES[name]}); recording {x.dtype} tensors with the compiled pass, "
-                      "several kernels a tensor (the run's manifest says so)", RuntimeWarning, stacklevel=3)
+        _build_failed(name, str(err), f"recording {x.dtype} tensors with the compiled pass, several kernels a tensor")
         return False
     if taken:
         if first:
             BUILD_SECONDS[name] = round(time.perf_counter() - started, 3)
         PATHS["triton"] += 1
     return taken
+
+
+def _build_failed(name: str, message: str, instead: str) -> None:
+    """Say once, loudly, that kernel ``name`` could not be built here, and what reads its tensors ``instead``."""
+    BUILD_FAILURES[name] = message
+    warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU ({message}); {instead} "
+                  "(the run's manifest says so)", RuntimeWarning, stacklevel=4)
 
 
 def _many_on_gpu(entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -214,11 +218,8 @@ def _many_on_gpu(entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
         [(x, host_rows(c), a, lane, copy, before) for x, c, a, lane, copy, before in (entries[i] for i in wanted)],
         tiny, largest)
     for dtype, message in failures.items():
-        name = f"triton table {str(dtype).removeprefix('torch.')}"
-        BUILD_FAILURES[name] = message
-        warnings.warn(f"workbench: the {name} statistics kernel could not be built for this GPU ({message}); "
-                      f"recording {dtype} tensors one launch each from now on (the run's manifest says so)",
-                      RuntimeWarning, stacklevel=3)
+        _build_failed(f"triton table {str(dtype).removeprefix('torch.')}", message,
+                      f"recording {dtype} tensors one launch each from now on")
     for dtype in {entries[i][0].dtype for i, ok in zip(wanted, read) if ok}:
         BUILD_SECONDS.setdefault(f"triton table {str(dtype).removeprefix('torch.')}",
                                  round(time.perf_counter() - started, 3))

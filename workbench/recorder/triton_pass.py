@@ -366,6 +366,22 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 imported): they then read CPU tensors, and only those."""
 
 
+def _index_layout(shape: tuple[int, ...], rows: tuple[tuple[int, int], ...]) -> \
+        tuple[int, list[int], list[int], int] | None:
+    """``shape_rows`` padded to the kernels' three dimensions: (base, sizes, strides, dims before padding)."""
+    layout = shape_rows(shape, rows)
+    if layout is None:
+        return None
+    base, sizes, strides = layout
+    dims = len(sizes)
+    return base, sizes + [1] * (3 - dims), strides + [0] * (3 - dims), dims
+
+
+def _pairs_with(x: torch.Tensor, before: torch.Tensor | None) -> bool:
+    """Whether ``before`` (if any) can be subtracted from ``x`` in the kernel: the same type and shape."""
+    return before is None or (before.dtype == x.dtype and before.shape == x.shape)
+
+
 def takes(x: torch.Tensor) -> bool:
     """Whether the kernel reads ``x``: a CUDA tensor (a CPU one under the interpreter) of a type it knows, of
     fewer than 2^31 elements."""
@@ -384,22 +400,18 @@ def accumulate(x: torch.Tensor, rows: tuple[tuple[int, int], ...] | None, tiny: 
     done) if this kernel does not take the tensor."""
     if divisor != 1 and (x.element_size() == 1 or copy is not None or before is not None):
         return False
-    if rows is None or not takes(x) or (before is not None and (before.dtype != x.dtype or before.shape != x.shape
-                                                                or x.dtype == torch.float64)):
+    if rows is None or not takes(x) or not _pairs_with(x, before) or x.dtype == torch.float64 and before is not None:
         return False
     if copy is not None and not (x.is_contiguous() and copy.is_contiguous()):
         return False
     x = x.detach().contiguous()  # (a strided activation gradient: one copy, then the one read)
-    layout = shape_rows(tuple(x.shape), rows)
+    layout = _index_layout(tuple(x.shape), rows)
     if layout is None:
         return False
     n = x.numel()
     if n == 0:
         return True
-    base, sizes, strides = layout
-    dims = len(sizes)
-    sizes += [1] * (3 - dims)
-    strides += [0] * (3 - len(strides))
+    base, sizes, strides, dims = layout
     kind = KINDS[x.dtype]
     words = _WORDS[kind]
     mode = COPY if copy is not None else DIFFERENCE if before is not None else DIVIDED if divisor != 1 else PLAIN
@@ -532,22 +544,18 @@ def accumulate_table(entries: list[tuple[torch.Tensor, tuple[tuple[int, int], ..
     groups: dict[tuple[torch.device, torch.dtype, int], list[tuple[int, list[int]]]] = {}
     keep: list[torch.Tensor] = []
     for i, (x, rows, acc, lanes, copy, before) in enumerate(entries):
-        if rows is None or not takes(x) or x.dtype not in TABLE_TYPES or (
-                before is not None and (before.dtype != x.dtype or before.shape != x.shape)):
+        if rows is None or not takes(x) or x.dtype not in TABLE_TYPES or not _pairs_with(x, before):
             continue
         x = x.detach()
         if not x.is_contiguous() or (copy is not None and not copy.is_contiguous()):
             continue
-        layout = shape_rows(tuple(x.shape), rows)
+        layout = _index_layout(tuple(x.shape), rows)
         if layout is None:
             continue
         taken[i] = True
         if x.numel() == 0:
             continue
-        base, sizes, strides = layout
-        dims = len(sizes)
-        sizes += [1] * (3 - dims)
-        strides += [0] * (3 - dims)
+        base, sizes, strides, dims = layout
         other = before.detach().contiguous() if before is not None else x
         keep.append(other)  # a temporary must live until its launch is queued: after it, the stream orders reuse
         mode = COPY if copy is not None else DIFFERENCE if before is not None else PLAIN
