@@ -378,6 +378,10 @@ class FaultConfig:
         return f"{what} of {self.site} at step {self.step}"
 
 
+PERTURB_PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+"""The roundings a band run can carry (``RunConfig.perturb``; ``analysis.rounding.UNIT_ROUNDOFF``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run: model, layout, precision, determinism, schedule and data."""
@@ -396,6 +400,10 @@ class RunConfig:
     """fp32, bf16, fp16 (dynamic loss scaling) or fp8 (GPU with Transformer Engine only)."""
     deterministic: bool = True
     """Apply Megatron's deterministic mode; false leaves fast (GPU) or emulated (CPU) nondeterminism."""
+    perturb: str | None = None
+    """A band run: add one rounding of this precision (fp32, bf16, fp16, fp8) to every module's output and its
+    gradient (``workbench.recorder.rounding``); a few such runs of a reference are the band ``workbench verdict``
+    holds a layout or precision change to. None (the default): an ordinary run."""
     seed: int = 1234
     """Seed of the initialisation; the same seed gives the same weights for every layout."""
     steps: int = 40
@@ -421,6 +429,8 @@ class RunConfig:
         object.__setattr__(self, "checkpoint_format", _enum(CheckpointFormat, self.checkpoint_format,
                                                             "checkpoint_format"))
         _require(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
+        _require(self.perturb is None or self.perturb in PERTURB_PRECISIONS, "perturb", self.perturb,
+                 f"absent, or one of {', '.join(PERTURB_PRECISIONS)}")
         _require(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "a whole number from 0 to 2**63 - 1")
         for name in ("steps", "global_batch_size", "micro_batch_size", "flush_every"):
             _positive(name, getattr(self, name))
@@ -539,6 +549,8 @@ class RunConfig:
         data.pop("checkpoint_format")
         data.pop("record")
         data.pop("eval")  # evaluating changes no training number
+        if data["perturb"] is None:  # ordinary runs keep the hash they had before band runs existed
+            data.pop("perturb")
         switched = {k: v for k, v in data.pop("nondeterminism").items() if v is not None}
         if switched:  # runs without a [nondeterminism] table keep the hash they had before it existed
             data["nondeterminism"] = switched

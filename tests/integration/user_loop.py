@@ -85,6 +85,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=("torch", "megatron"), default="torch")
     parser.add_argument("--bucket-size", type=int, default=None)
     parser.add_argument("--expect", default=None, help="FILE: the full tensors each step's sites must match")
+    parser.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
+    parser.add_argument("--perturb", default=None, help="PRECISION: a band run (record(..., perturb=PRECISION))")
+    parser.add_argument("--bug", choices=tuple(BUGS), default=None, help="a layout bug of the corpus, injected")
     parser.add_argument("--ddp", action="append", default=[], metavar="FIELD",
                         help="a DistributedDataParallelConfig switch to turn on (overlap_grad_reduce, ...)")
     return parser.parse_args()
@@ -185,6 +188,39 @@ class Expected:
             torch.save(self.steps, self.path)
 
 
+BUGS = {
+    "tp_partial_scale": "layer 1's attention projection (row-parallel) scales its partial sum by 1 + 2**-10 on TP "
+                        "rank 1",
+    "sp_norm_unreduced": "layer 1's pre-MLP norm weight not marked sequence_parallel: its gradient is never summed "
+                         "over the TP ranks' sequence shards",
+    "replica_not_updated": "the final norm's weight (replicated over TP) gets no gradient on TP rank 1, so only "
+                           "rank 0 updates it",
+    "loss_scaled_twice": "the loss function divides by the micro-batch count that the schedule divides by already",
+    "attention_scale": "layer 0's attention on TP rank 1 scales its scores by 1 + 2**-9 more (a softmax scale taken "
+                       "from another head count)",
+    "tp_grad_averaged": "layer 0's MLP output weight (row-parallel) has its gradient halved on TP rank 1, as if "
+                        "averaged over the TP ranks that each hold a different shard",
+}
+"""The layout bugs of the corpus (``--bug``), each of a kind Megatron-LM has had."""
+
+
+def inject(bug: str | None, lm: torch.nn.Module) -> None:
+    """Put ``bug`` (``BUGS``) into the model before training; the loss's bug is the loss function's."""
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    modules = dict(lm.named_modules())
+    if bug == "tp_partial_scale" and tp_rank == 1:
+        modules["decoder.layers.1.self_attention.linear_proj"].register_forward_pre_hook(
+            lambda module, inputs: (inputs[0] * (1 + 2.0 ** -10), *inputs[1:]))
+    if bug == "sp_norm_unreduced":
+        modules["decoder.layers.1.pre_mlp_layernorm"].weight.sequence_parallel = False
+    if bug == "attention_scale" and tp_rank == 1:
+        modules["decoder.layers.0.self_attention.core_attention"].softmax_scale *= 1 + 2.0 ** -9
+    if bug == "tp_grad_averaged" and tp_rank == 1:
+        modules["decoder.layers.0.mlp.linear_fc2"].weight.register_hook(lambda grad: grad / 2)
+    if bug == "replica_not_updated" and tp_rank == 1:
+        modules["decoder.final_layernorm"].weight.register_hook(lambda grad: torch.zeros_like(grad))
+
+
 def batches(step: int, rank_seed: int, count: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(rank_seed * 1000 + step)
     return [torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=generator) for _ in range(count)]
@@ -210,6 +246,8 @@ def main() -> None:
     args = parse()
     if args.kinds:  # the README's record(...) line stays as it is; the kinds ride with the function
         record = functools.partial(record, record=RecordConfig(kinds=tuple(args.kinds.split(","))))
+    if args.perturb:
+        record = functools.partial(record, perturb=args.perturb)
     cpu_compat.install_if_needed()
     dist.init_process_group("gloo")
     parallel_state.initialize_model_parallel(args.tp, args.pp)
@@ -221,7 +259,7 @@ def main() -> None:
     config = TransformerConfig(
         num_layers=4 if hybrid else 2, is_hybrid_model=hybrid, hidden_size=32, num_attention_heads=4,
         use_cpu_initialization=True, pipeline_dtype=torch.float32, tensor_model_parallel_size=args.tp,
-        pipeline_model_parallel_size=args.pp,
+        pipeline_model_parallel_size=args.pp, sequence_parallel=args.sp,
         hidden_dropout=0.0, attention_dropout=0.0, gradient_accumulation_fusion=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         deterministic_mode=True)
@@ -236,8 +274,19 @@ def main() -> None:
                          max_sequence_length=SEQ, hybrid_layer_pattern="*-*-",
                          position_embedding_type="learned_absolute", **stages)
     else:
-        lm = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                      max_sequence_length=SEQ, **stages)
+        spec = get_gpt_layer_local_spec()
+        if args.sp:  # torch's norms refuse sequence parallelism; on a GPU, Transformer Engine's norms take it
+            import dataclasses
+
+            from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+            from workbench.runner.model import SequenceParallelNorm
+
+            spec = TransformerBlockSubmodules(layer_specs=[dataclasses.replace(spec, submodules=dataclasses.replace(
+                spec.submodules, input_layernorm=SequenceParallelNorm, pre_mlp_layernorm=SequenceParallelNorm))] *
+                config.num_layers, layer_norm=SequenceParallelNorm)
+        lm = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ, **stages)
+    inject(args.bug, lm)
     ddp_config = DistributedDataParallelConfig(**dict.fromkeys(args.ddp, True), bucket_size=args.bucket_size)
     model = DistributedDataParallel(config=config, module=lm, ddp_config=ddp_config)
     if args.optimizer == "megatron":
@@ -275,6 +324,8 @@ def main() -> None:
 
         def loss_func(output_tensor):  # type: ignore[no-untyped-def]
             loss = output_tensor.float().mean()
+            if args.bug == "loss_scaled_twice":
+                return loss / args.micro_batches, {"lm loss": loss}
             return loss, {"lm loss": loss}
 
         return output, loss_func

@@ -48,6 +48,21 @@ def test_noise_floor_envelope_and_first_exit_in_execution_order() -> None:
     assert (check.first_step, check.first_site) == (3, "act:layers.0")
 
 
+def test_an_extreme_near_zero_is_held_to_its_tensors_scale_not_its_own() -> None:
+    # exp_avg_sq's smallest element (1e-14) moves by 1e-4 of itself under rounding; its tensor's absmax is 1e-6
+    stats = records("r").stats.copy()
+    stats.loc[{"stat": "min"}] = 1e-14
+    stats.loc[{"stat": "absmax"}] = 1e-6
+    floor = noise_floor([with_stats(records("r"), "r0", stats), with_stats(records("r"), "r1", stats)])
+    rounded = stats.copy()
+    rounded.loc[{"step": 2, "site": SITES[0], "stat": "min"}] = 1e-14 * (1 + 1e-4)
+    assert leaves_floor(with_stats(records("r"), "x", rounded), floor).inside
+    moved = stats.copy()
+    moved.loc[{"step": 2, "site": SITES[0], "stat": "min"}] = 1e-14 + 1e-10  # 1e-4 of the tensor's scale
+    check = leaves_floor(with_stats(records("r"), "y", moved), floor)
+    assert (check.inside, check.first_step, check.first_site) == (False, 2, SITES[0])
+
+
 def test_noise_floor_needs_two_runs() -> None:
     with pytest.raises(IncomparableRunsError, match="at least two"):
         noise_floor([records("only")])

@@ -42,6 +42,19 @@ def test_each_verdict_follows_from_the_two_ranges() -> None:
     assert math.isnan(spread([1.0, math.nan])) and spread([1.0, 3.0, math.nan]) == 2.0
 
 
+def test_a_difference_and_a_floor_in_the_last_places_of_the_loss_are_unresolved() -> None:
+    ulp = float(np.spacing(np.float32(2.0)))  # 2.4e-7: what short fp32 runs end apart
+    final = {"ref": 2.0, "r1": 2.0 + ulp, "near": 2.0 + 2 * ulp, "same": 2.0, "bug": 2.0 + 1e-4}
+    table = judge_against_scales(final, reference="ref", runs=["near", "same", "bug"], floor_runs=["ref", "r1"],
+                                 seed_runs=[]).set_index("run")
+    assert table.loc["near", "verdict"] == ScaleVerdict.UNRESOLVED  # once within, once beyond, in earlier sweeps
+    assert table.loc["same", "verdict"] == ScaleVerdict.WITHIN_FLOOR  # no difference at all
+    assert table.loc["bug", "verdict"] == ScaleVerdict.BEYOND_FLOOR
+    wide = judge_against_scales({**final, "r1": 2.01}, reference="ref", runs=["near"], floor_runs=["ref", "r1"],
+                                seed_runs=[])
+    assert wide["verdict"].tolist() == [ScaleVerdict.WITHIN_FLOOR]  # a floor the loss resolves decides
+
+
 def _run(root: Path, name: str, *, seed: int, deterministic: bool = True, precision: str = "fp32",
          val_loss: float = 2.0) -> None:
     """A store whose manifest is a user loop's (so the roles come from seed, determinism and precision), with a

@@ -9,7 +9,8 @@ change inside the seed spread is one a researcher would not see across seeds eit
 
 ``final`` holds one value per run (the last held-out validation loss, say). The scale of a
 group is its range (largest minus smallest); a run's difference is taken from the
-reference's value. Pure: numbers in, a table out.
+reference's value. A difference and a floor both within ``LAST_PLACES`` units of the value's last place are
+``unresolved``: at that resolution the value cannot say. Pure: numbers in, a table out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
+import numpy as np
 import pandas as pd
 
 
@@ -29,6 +31,13 @@ class ScaleVerdict(StrEnum):
     BEYOND_SEEDS = "beyond the seed spread"
     BEYOND_FLOOR = "beyond the noise floor (no seed runs to judge against)"
     NO_SCALE = "no noise floor or seed runs to judge against"
+    UNRESOLVED = "unresolved: the difference and the noise floor are within a few units of the value's last place"
+
+
+LAST_PLACES = 4
+"""Units in the last place of a float32 value (a loss as the training logged it) within which a difference, and a
+noise floor, cannot be told apart: short fp32 runs end 0 or 2.4e-7 apart, and one sweep called a correct change
+"within the noise floor" and the next "beyond" it. ``workbench verdict`` judges such runs site by site instead."""
 
 
 def spread(values: Iterable[float]) -> float:
@@ -45,7 +54,11 @@ def judge_against_scales(final: Mapping[str, float], *, reference: str, runs: It
     rows = []
     for name in runs:
         difference = abs(final[name] - final[reference])
-        if math.isfinite(floor) and difference <= floor:
+        resolution = LAST_PLACES * float(np.spacing(np.float32(abs(final[reference])))) \
+            if math.isfinite(final[reference]) else math.nan
+        if 0 < difference <= resolution and not floor > resolution:
+            verdict = ScaleVerdict.UNRESOLVED
+        elif math.isfinite(floor) and difference <= floor:
             verdict = ScaleVerdict.WITHIN_FLOOR
         elif math.isfinite(seeds):
             verdict = ScaleVerdict.WITHIN_SEEDS if difference <= seeds else ScaleVerdict.BEYOND_SEEDS

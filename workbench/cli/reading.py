@@ -1,5 +1,5 @@
-"""The verbs that read run stores and say what they hold: ``ls``, ``summary``, ``compare``, ``check``, ``golden``,
-``resume-check``, ``anomalies``."""
+"""The verbs that read run stores and say what they hold: ``ls``, ``summary``, ``compare``, ``verdict``, ``check``,
+``golden``, ``resume-check``, ``anomalies``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from workbench.cli._common import finite, print_safe, run_location, terminal_saf
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    for add in (_add_ls, _add_summary, _add_compare, _add_check, _add_golden, _add_resume_check, _add_anomalies):
+    for add in (_add_ls, _add_summary, _add_compare, _add_verdict, _add_check, _add_golden, _add_resume_check,
+                _add_anomalies):
         add(verbs)
 
 
@@ -87,6 +88,32 @@ def _compare(args: argparse.Namespace) -> int:
         print(result.summary(escape=terminal_safe))
         print(terminal_safe(facts.summary(runs_differ=not result.identical)))
     return 0
+
+
+def _add_verdict(verbs: argparse._SubParsersAction) -> None:
+    verdict = verbs.add_parser("verdict", help="bug or rounding: a layout or precision change held to its "
+                               "reference's rounding band (exit 1 if beyond it)")
+    verdict.add_argument("run", type=run_location)
+    verdict.add_argument("reference", type=run_location)
+    verdict.add_argument("--band", type=run_location, nargs="+", default=None, metavar="RUN",
+                         help="the band runs (default: the runs beside the reference recorded with "
+                              "record(..., perturb=PRECISION) of the lower of the two runs' precisions, and its "
+                              "nondeterministic repeats)")
+    verdict.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verdict.set_defaults(func=_verdict)
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from workbench.store.reader import open_run
+    from workbench.studies.verdicts import rounding_verdict
+
+    band = [open_run(path) for path in args.band] if args.band else None
+    verdict = rounding_verdict(open_run(args.run), open_run(args.reference), band=band)
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=1))
+    else:
+        print(terminal_safe(verdict.summary()))
+    return 0 if verdict.within else 1
 
 
 def _add_check(verbs: argparse._SubParsersAction) -> None:

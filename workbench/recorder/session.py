@@ -56,6 +56,7 @@ from workbench.errors import ArgumentError, IncomparableRunsError, RunDiverged, 
 from workbench.recorder.live import LiveCheck
 from workbench.recorder.recorder import Recorder
 from workbench.recorder.reference import load_reference
+from workbench.recorder.rounding import RoundingProbe
 from workbench.recorder.targets import all_gather_objects, hybrid_pattern, unwrap
 from workbench.sites import SiteFilter, gpt_blocks
 from workbench.store import layout
@@ -162,7 +163,7 @@ class TrainingRun:
                  deterministic: bool | None = None, record: RecordConfig | None = None,
                  sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0,
                  against: str | os.PathLike[str] | None = None, rtol: float | None = None,
-                 keep_going: bool = False, producer: str = USER_LOOP) -> None:
+                 keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None) -> None:
         check_megatron_core()
         if not isinstance(steps, int) or steps < 1:
             raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
@@ -181,7 +182,10 @@ class TrainingRun:
         self.recorder = Recorder(chunks, run_dir=self.run_dir, total_steps=steps, optimizer=optimizer, record=record,
                                  precision=precision, global_batch_size=global_batch_size, flush_every=flush_every,
                                  sites=sites)
+        self.probe: RoundingProbe | None = None
         try:
+            if perturb is not None:  # after the recorder's hooks: it records what each module computed
+                self.probe = RoundingProbe(chunks, perturb)
             signature = _signature(model, config, self.recorder.parameter_count())
             device = next(model.parameters()).device
             switches = live_determinism(config, on_gpu=device.type == "cuda")
@@ -191,7 +195,8 @@ class TrainingRun:
             self.manifest = RunManifest(run_id=new_run_id(name), name=name, producer=producer,
                                     model=signature, layout=live_layout(config), precision=precision,
                                     deterministic=switches["deterministic"], seed=seed, determinism=switches,
-                                    user_config=dict(user_config) if user_config is not None else None)
+                                    user_config=dict(user_config) if user_config is not None else None,
+                                    perturbation=self.probe.describe() if self.probe is not None else None)
             self._tokens_per_step = (global_batch_size * signature.seq_length) if global_batch_size else None
             self._keep_going = keep_going
             self.live = self._live_reference(against, rtol, signature, record) if against is not None else None
@@ -210,6 +215,8 @@ class TrainingRun:
             if dist.is_initialized():
                 dist.barrier()  # the store exists before any rank records into it
         except BaseException:
+            if self.probe is not None:
+                self.probe.remove()
             self.recorder.close(flush=False)
             lock: WriterLock | None = getattr(self, "_lock", None)
             if lock is not None:
@@ -354,6 +361,8 @@ class TrainingRun:
             self._flush_scalars(gather=not failed)
             self.recorder.close(flush=not failed or alone)
         finally:
+            if self.probe is not None:
+                self.probe.remove()
             self._stop_heartbeat.set()
             if self._heartbeat is not None:
                 self._heartbeat.join()
@@ -381,7 +390,7 @@ def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], o
            user_config: Mapping[str, Any] | None = None, seed: int | None = None, deterministic: bool | None = None,
            record: RecordConfig | None = None, sites: SiteFilter | None = None, flush_every: int = 10,
            heartbeat_s: float = 30.0, against: str | os.PathLike[str] | None = None, rtol: float | None = None,
-           keep_going: bool = False, producer: str = USER_LOOP) -> TrainingRun:
+           keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None) -> TrainingRun:
     """Start recording a Megatron Core training into the run folder ``run_dir``; use it as a context manager
     around the loop (``with record(...) as run:``, then ``with run.step(step):`` and ``run.log(...)``). Every
     rank calls it, after ``parallel_state`` is initialised and the model and optimizer exist.
@@ -397,11 +406,14 @@ def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], o
     ``flush_every``: steps between writes to the store; ``heartbeat_s``: seconds between rank 0's heartbeats
     (how a reader on another host tells a live run from a dead one). ``against``: a live reference (a run
     folder or a golden file) that stops the run at its first divergence, within ``rtol`` if given (bitwise
-    otherwise), or only reports it with ``keep_going``. ``producer``: the manifest's producer.
+    otherwise), or only reports it with ``keep_going``. ``producer``: the manifest's producer. ``perturb``: make
+    this run a band run of the loop (``"fp32"``, ``"bf16"`` or ``"fp16"``): every module's output and its
+    gradient get one rounding of that precision (``workbench.recorder.rounding``), and the manifest says so
+    (``perturbation``); a few such runs are the band ``workbench verdict`` holds a layout or precision change to.
 
     What it would record wrong is refused here, in one line, before anything is written; a folder another
     writer holds is refused naming it."""
     return TrainingRun(run_dir, chunks, optimizer, steps=steps, name=name, global_batch_size=global_batch_size,
                        user_config=user_config, seed=seed, deterministic=deterministic, record=record, sites=sites,
                        flush_every=flush_every, heartbeat_s=heartbeat_s, against=against, rtol=rtol,
-                       keep_going=keep_going, producer=producer)
+                       keep_going=keep_going, producer=producer, perturb=perturb)

@@ -33,6 +33,7 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from workbench.recorder import Recorder
+        from workbench.recorder.rounding import RoundingProbe
         from workbench.runner import faults, nondeterminism
         from workbench.runner.model import build_model, compute_dtype
         from workbench.runner.optimizer import build_optimizer, build_scheduler
@@ -62,6 +63,8 @@ class Trainer:
             self.model.chunks, run_dir=run_dir, total_steps=cfg.steps, optimizer=self.optimizer, record=cfg.record,
             precision=cfg.precision.value, global_batch_size=cfg.global_batch_size,
             flush_every=cfg.flush_every, live=live) if cfg.record.enabled else None
+        # After the recorder's hooks: it records what each module computed, and the next one gets the noise.
+        self.probe = RoundingProbe(self.model.chunks, cfg.perturb) if cfg.perturb is not None else None
         # The model, optimizer and Megatron's state are alive for the whole run: out of the collector's
         # reach they are not traversed by every full collection (~10 % of a small model's step time).
         gc.freeze()

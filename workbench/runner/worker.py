@@ -155,7 +155,8 @@ def run(run_dir: Path, *, resume: bool, stop_after: int | None, trace_step: int 
         record.update(determinism.describe(cfg.deterministic, trainer.emulated, sources=trainer.sources,
                                            on_gpu=trainer.on_gpu))
         update_manifest(run_dir, runtime=runtime_facts(device), determinism=record, status=layout.Status.RUNNING,
-                        resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []))
+                        resumes=[*manifest.get("resumes", []), start] if resume else manifest.get("resumes", []),
+                        **({"perturbation": trainer.probe.describe()} if trainer.probe is not None else {}))
     writer = ScalarWriter(run_dir, cfg.flush_every) if rank == 0 else None
     meta = {"layout": manifest["layout"], "config_hash": manifest["config_hash"]}
 

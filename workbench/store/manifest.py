@@ -133,6 +133,11 @@ class RunManifest:
     runtime: Mapping[str, Any] = field(default_factory=dict)
     """Where it ran: device, backend and the environment's fingerprint (``workbench.environment``: CPU vector
     ISA, threads, versions, determinism variables, GPU and topology); empty where the producer did not say."""
+    perturbation: Mapping[str, Any] | None = None
+    """For a band run (``record(..., perturb=...)``): what rounding noise was added, of which precision, where
+    (``workbench.recorder.rounding``); None for an ordinary run."""
+    revision: str | None = None
+    """The git revision of the code that made the run (its working directory's), where the producer said."""
 
     def configuration(self) -> str:
         """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
@@ -264,7 +269,8 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         user_config=_require(attrs, "user_config", Mapping, source, optional=True), config=config,
         config_hash=attrs.get("config_hash"), resumes=tuple(attrs.get("resumes") or ()),  # FACTS checked them
         fault=None if attrs.get("fault") in (None, "none") else attrs["fault"], replay=attrs.get("replay"),
-        started_from=attrs.get("started_from"), runtime=attrs.get("runtime") or {})
+        started_from=attrs.get("started_from"), runtime=attrs.get("runtime") or {},
+        perturbation=attrs.get("perturbation"), revision=attrs.get("git_revision"))
 
 
 def _text(value: Any) -> bool:
@@ -313,6 +319,9 @@ FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
                  "a mapping with a pid (1 to 2**31 - 1) and a host (a string)"),
     "heartbeat": (_mapping(at=_finite(0.0), every_s=_finite(0.0, above=True)),
                   "a mapping with 'at' (epoch seconds) and 'every_s' (> 0)"),
+    "user_config_hash": (lambda v: isinstance(v, str), "a string"),
+    "perturbation": (_mapping(precision=lambda v: isinstance(v, str), relative_size=_finite(0.0, above=True)),
+                     "a mapping with the precision and the relative size (> 0) of the noise"),
     "started_from": (_mapping(run=lambda v: isinstance(v, str), run_id=lambda v: isinstance(v, str),
                               step=_whole(0, _LARGEST_COUNT)), "a mapping with the run, its id and a step >= 0"),
     "replay": (_mapping(step=_whole(0, _LARGEST_COUNT), from_step=_whole(0, _LARGEST_COUNT)),
@@ -354,7 +363,7 @@ def manifest_fields(info: RunManifest) -> dict[str, Any]:
     if info.config is not None:
         out["config"] = dict(info.config)
     facts = {"config_hash": info.config_hash, "fault": info.fault, "replay": info.replay,
-             "started_from": info.started_from, "runtime": info.runtime or None}
+             "started_from": info.started_from, "runtime": info.runtime or None, "perturbation": info.perturbation}
     out.update({name: dict(v) if isinstance(v, Mapping) else v for name, v in facts.items() if v is not None})
     if info.resumes:
         out["resumes"] = list(info.resumes)

@@ -9,6 +9,7 @@
   seeds), the second scale a difference is judged against;
 * the *source runs* are the other nondeterministic runs of the reference's configuration, by the sources they
   had on (an attribution study);
+* the *band runs* carry one rounding's noise (``RunManifest.perturbation``): the band a change is judged against;
 * the *others* are what is left: precision and layout changes.
 
     roles = find_roles({name: run.manifest for name, run in runs.items()}, recorded)
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -35,25 +37,49 @@ def repeat_key(info: RunManifest, *, seed: bool = True) -> tuple[object, ...] | 
 
     The runner's runs: the hash of their numerics config (everything but the name). Any other producer: model
     signature, layout, precision, determinism, seed and (where recorded) the nondeterminism sources that were on.
+    Either way, the code (``code_key``): a loop's own configuration and the revision. A band run
+    (``perturbation``) repeats nothing: it is the rounding its reference allows.
     Either way, the recorded facts of the environment that split a reduction differently
     (``environment.BITWISE_FACTS``: vector ISA, threads, device): one process with 2 threads and two ranks with
     1 each differ at step 0, so they are not repeats of each other.
     """
-    if info.resumes or info.fault is not None or info.replay is not None:
+    if info.resumes or info.fault is not None or info.replay is not None or info.perturbation is not None:
         return None
     machine = tuple((k, info.runtime[k]) for k in BITWISE_FACTS if k in info.runtime)
+    code = code_key(info)
     if info.producer == RUNNER and info.config_hash is not None:
         if seed:
-            return ("config", info.config_hash, *machine)
+            return ("config", info.config_hash, *code, *machine)
         try:
-            return ("config", RunConfig.from_dict(info.config or {}).numerics_hash(seed=False), *machine)
+            return ("config", RunConfig.from_dict(info.config or {}).numerics_hash(seed=False), *code, *machine)
         except WorkbenchError:  # a config this version cannot read: it is nobody's other seed
             return None
     if info.model is None or info.seed is None or info.deterministic is None:
         return None
     sources = sources_on(info.determinism) if info.determinism.get("sources") else None
     return (tuple(info.model.shape().items()), info.layout.summary(), info.precision, info.deterministic,
-            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []), *machine)
+            *([info.seed] if seed else []), *([tuple(sorted(sources))] if sources is not None else []), *code,
+            *machine)
+
+
+RUN_PLACES = frozenset({"run_dir", "name", "save", "load", "tensorboard_dir", "wandb_exp_name", "wandb_save_dir",
+                        "wandb_project", "data_cache_path", "log_dir", "output_dir", "seed"})
+"""Keys of a ``user_config`` that say where a run writes or what it is called, not what it computes (and the
+seed, which repeat keys hold apart): two repeats of one loop differ in them."""
+
+
+def code_key(info: RunManifest) -> tuple[object, ...]:
+    """What says which code made a run, where recorded: its ``user_config`` less the places it writes to
+    (``RUN_PLACES``, and any value that is a path), and the revision of the code. Runs that differ in either
+    are never repeats of one another."""
+    key: list[object] = []
+    if info.user_config is not None:
+        numerics = {k: v for k, v in info.user_config.items() if k not in RUN_PLACES
+                    and not (isinstance(v, str) and ("/" in v or "\\" in v))}
+        key.append(("user_config", json.dumps(numerics, sort_keys=True, default=str)))
+    if info.revision is not None:
+        key.append(("revision", info.revision))
+    return tuple(key)
 
 
 def sources_of(info: RunManifest) -> list[str] | None:
@@ -78,6 +104,8 @@ class Roles:
     resumed: list[str]
     faulted: list[str]
     """Runs with an injected fault (config ``fault``): anomaly, replay and bisect material."""
+    band_runs: list[str]
+    """Runs with rounding noise added (``record(..., perturb=...)``): the band of the run they perturb."""
     others: list[str]
     """Recorded runs that are none of the above: precision and layout changes."""
     precision_runs: list[str]
@@ -112,24 +140,29 @@ def find_roles(infos: Mapping[str, RunManifest], recorded: Iterable[str]) -> Rol
     with_records = set(recorded)
     recorded = [n for n in infos if n in with_records]
     faulted = [n for n, info in infos.items() if info.fault is not None]
+    band = [n for n in recorded if infos[n].perturbation is not None]
     resumed = [n for n in recorded if infos[n].resumes]
     groups = _repeat_groups(infos, recorded)
     reference = _reference(infos, recorded, faulted, groups)
     floor = _floor_runs(infos, recorded, reference, groups)
     seeds = _seed_runs(infos, reference)
-    configuration = infos[reference].configuration()
-    all_off = [n for n, info in infos.items() if n not in faulted and not info.resumes
-               and info.configuration() == configuration and sources_of(info) == []]
+    configuration = (infos[reference].configuration(), code_key(infos[reference]))
+
+    def same_configuration(info: RunManifest) -> bool:
+        return (info.configuration(), code_key(info)) == configuration
+
+    all_off = [n for n, info in infos.items() if n not in faulted and not info.resumes and info.perturbation is None
+               and same_configuration(info) and sources_of(info) == []]
     sources = {n: source_label(on) for n in recorded if (on := sources_of(infos[n]))
                and infos[n].deterministic is False and n not in floor and n != reference
-               and infos[n].configuration() == configuration and repeat_key(infos[n]) is not None} \
+               and same_configuration(infos[n]) and repeat_key(infos[n]) is not None} \
         if reference in recorded else {}
     repeats = {name for group in groups for name in group[1:]}
     others = [n for n in recorded if n != reference and n not in floor and n not in repeats and n not in resumed
-              and n not in faulted and n not in seeds and n not in sources and n not in all_off]
+              and n not in faulted and n not in seeds and n not in sources and n not in all_off and n not in band]
     ref = infos[reference]
     return Roles(reference=reference, repeat_groups=groups, floor_runs=floor, seed_runs=seeds, source_runs=sources,
-                 all_off_runs=all_off, resumed=resumed, faulted=faulted, others=others,
+                 all_off_runs=all_off, resumed=resumed, faulted=faulted, band_runs=band, others=others,
                  precision_runs=[n for n in others if infos[n].precision != ref.precision],
                  layout_runs=[n for n in others if infos[n].layout != ref.layout],
                  nondeterministic_repeats=[n for n in floor if infos[n].deterministic is False], recorded=recorded)
@@ -146,7 +179,7 @@ def _repeat_groups(infos: Mapping[str, RunManifest], recorded: list[str]) -> lis
 
 def _reference(infos: Mapping[str, RunManifest], recorded: list[str], faulted: list[str],
                groups: list[list[str]]) -> str:
-    candidates = [n for n in recorded if not infos[n].resumes and n not in faulted]
+    candidates = [n for n in recorded if not infos[n].resumes and n not in faulted and infos[n].perturbation is None]
     repeated = {n for group in groups for n in group}
 
     def preference(name: str) -> tuple[bool, bool, bool, bool, str]:
@@ -163,7 +196,8 @@ def _floor_runs(infos: Mapping[str, RunManifest], recorded: list[str], reference
     nondeterministic = [g for g in groups if infos[g[0]].deterministic is False]
     all_off = [g for g in nondeterministic if sources_of(infos[g[0]]) == []]  # an attribution study's floor
     runs = max(all_off or nondeterministic, key=len, default=[])
-    if runs and reference in recorded and infos[reference].configuration() == infos[runs[0]].configuration():
+    if runs and reference in recorded and (infos[reference].configuration(), code_key(infos[reference])) == \
+            (infos[runs[0]].configuration(), code_key(infos[runs[0]])):
         runs = [reference, *runs]
     return runs if len(runs) >= 2 else []
 

@@ -17,6 +17,7 @@ from workbench.analysis.findings import study_findings
 from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
 from workbench.store.reader import find_runs, run_table
+from workbench.studies.verdicts import verdict_table
 from workbench.studies.workspace import Workspace
 
 
@@ -35,6 +36,9 @@ class StudySummary:
     sources: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Each nondeterminism source alone against the reference (``Workspace.attribution``); empty if none."""
     on_cpu: bool = False
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Bug or rounding: every other run against the reference's band runs (``studies.verdicts.verdict_table``);
+    empty without band runs."""
 
     def text(self) -> str:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
@@ -58,6 +62,11 @@ class StudySummary:
                                     "min, max)", ladder, _digits(3, "g")),
                        SummaryTable("relative L2 difference at the last step, median over each layer's sites",
                                     self.ladder.final_by_layer(), _digits(2, "e"), index=True)]
+        if not self.verdicts.empty:
+            tables.append(SummaryTable(
+                f"bug or rounding? each change against {self.reference}'s rounding band (band runs x margin; "
+                "tolerances: at the first site beyond, or the largest anywhere when within)", self.verdicts,
+                _digits(3, "g")))
         if not self.scales.empty:
             tables.append(SummaryTable(
                 f"does it matter? held-out validation loss after step {self.scales_step}, the difference from "
@@ -108,7 +117,8 @@ def summarise(ws: Workspace) -> StudySummary:
     """The summary of the runs of a workspace."""
     records = {name: ws.records(name) for name in ws.recorded}
     reference = ws.roles.reference
-    findings = study_findings(records, reference, ws.roles.repeat_groups,
+    band = set(ws.roles.band_runs)  # judged as a band below, not a finding each
+    findings = study_findings({n: r for n, r in records.items() if n not in band}, reference, ws.roles.repeat_groups,
                               comparison=lambda a, b: ws.comparison(a, b, records=records.__getitem__),
                               runtimes={name: run.manifest.runtime for name, run in ws.runs.items()},
                               configs={name: run.manifest.config for name, run in ws.runs.items()
@@ -116,10 +126,20 @@ def summarise(ws: Workspace) -> StudySummary:
         if reference in records else []
     comparisons = ws.ladder(ws.roles.others) if reference in records and ws.roles.others else None
     step, scales = ws.scales("val_loss")
+    roles = ws.roles
+    if band:
+        findings.append(f"{len(band)} band runs of {reference} (rounding noise added: {', '.join(sorted(band))}) "
+                        "make the band the changes are judged against")
+    verdicts = verdict_table(ws.runs, reference, roles.others, roles.band_runs, lambda n: records[n]) \
+        if reference in records and roles.others and roles.band_runs else pd.DataFrame()
+    if reference in records and roles.others and not roles.band_runs:
+        findings.append(f"bug or rounding: no band runs of {reference} here, so no change is judged against its "
+                        "rounding; add a few (a study's run with perturb = \"fp32\" and repeats = 6, or "
+                        "record(..., perturb=\"fp32\") in a loop)")
     return StudySummary(runs=run_table(list(ws.runs.values())), reference=reference, findings=findings,
                         floor_runs=ws.roles.floor_runs, ladder=comparisons, cost=ws.cost(), scales=scales,
                         scales_step=step, sources=ws.attribution() if reference in records else pd.DataFrame(),
-                        on_cpu=ws.on_cpu)
+                        on_cpu=ws.on_cpu, verdicts=verdicts)
 
 
 def cost_summary(workspaces: list[Workspace]) -> str:
