@@ -49,7 +49,7 @@ MULTI_PROCESS_TESTS := tests/integration tests/notebooks tests/browser
 TIMES := build/test-times.jsonl
 timed = WORKBENCH_TEST_TIMES=$(CURDIR)/$(TIMES) WORKBENCH_TEST_PHASE="$(1)"
 
-.PHONY: setup environments demo test times test-current test-floor test-range lint docs bench clean chromium
+.PHONY: setup environments demo test times test-current test-floor test-range lint docs bench clean chromium corpus
 
 # The two environments install side by side (each mostly waits on its downloads), then the overlays over
 # .venv-current; chromium beside them.
@@ -79,6 +79,11 @@ $(CURRENT)/megatron-%: | $(CURRENT)/.installed
 
 demo: $(CURRENT)/.installed chromium
 	$(CURRENT)/bin/workbench demo --out data/runs/demo
+
+# The bug-or-rounding corpus (docs/bug-or-rounding.md): known layout bugs and correct layouts, each judged; its runs
+# land in build/corpus (kept: a second call only judges) and its confusion table in build/corpus/corpus.md.
+corpus: $(CURRENT)/.installed
+	$(CURRENT)/bin/python benchmarks/rounding_corpus.py --out build/corpus
 
 test: setup times test-current test-floor test-range
 	@$(CURRENT)/bin/python tests/budget.py $(TIMES)

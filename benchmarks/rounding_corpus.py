@@ -37,6 +37,8 @@ from workbench.store.reader import open_run  # noqa: E402
 
 STEPS = ("--steps", "8", "--eval-every", "0")
 BAND, HELD_OUT = 6, 2
+CALIBRATION_RUNS, DRAWS = 16, 8
+"""Band runs of the user loop for the calibration: DRAWS random bands of 4, 6 and 8 of them, the rest held out."""
 USER_BUGS = {"tp_partial_scale": ("--tp", "2"), "sp_norm_unreduced": ("--tp", "2", "--sp"),
              "replica_not_updated": ("--tp", "2"), "loss_scaled_twice": ("--tp", "2"),
              "attention_scale": ("--tp", "2"), "tp_grad_averaged": ("--tp", "2")}
@@ -62,7 +64,7 @@ def row(case: str, kind: str, expected: str, verdict: object, l2: float, where: 
 
 def user_loop(out: Path) -> list[dict[str, object]]:
     out.mkdir(parents=True, exist_ok=True)
-    train = [("ref", (), 1)] + [(f"band{i}", ("--perturb", "fp32"), 1) for i in range(BAND + HELD_OUT)]
+    train = [("ref", (), 1)] + [(f"band{i}", ("--perturb", "fp32"), 1) for i in range(CALIBRATION_RUNS)]
     train += [(name, args, 2) for name, args in USER_CORRECT.items()]
     train += [(f"bug-{bug}", (*args, "--bug", bug), 2) for bug, args in USER_BUGS.items()]
     for name, args, ranks in train:
@@ -95,6 +97,44 @@ def swept(study: str, out: Path, last: str) -> dict[str, object]:
         if cli(["sweep", str(ROOT / "benchmarks" / "corpus" / f"{study}.toml"), "--out", str(out)]) != 0:
             raise SystemExit(f"the sweep of {study}.toml failed")
     return {path.name: open_run(path).records() for path in sorted(out.iterdir()) if (path / "run.zarr").exists()}
+
+
+def calibration(out: Path) -> str:
+    """How often a run held out of a random band lies beyond it: with the margin the left-out runs give
+    (``HELD_OUT_FACTOR`` 1) and with the margin the workbench uses (2), for bands of 4, 6 and 8 runs; and the
+    smallest ratio at which each bug is first found."""
+    import dataclasses
+    import random
+
+    from workbench.analysis.rounding import HELD_OUT_FACTOR, MIN_MARGIN
+
+    records = {path.name: open_run(path).records() for path in sorted(out.iterdir()) if (path / "run.zarr").exists()}
+    reference, names = records["ref"], [f"band{i}" for i in range(CALIBRATION_RUNS)]
+    correct = [*names, *USER_CORRECT]
+    rng = random.Random(0)
+    lines = ["| band runs | margin (range) | held-out and correct runs beyond, factor 1 | beyond, factor "
+             f"{HELD_OUT_FACTOR:g} | largest ratio, factor {HELD_OUT_FACTOR:g} | smallest bug ratio |",
+             "|---|---|---|---|---|---|"]
+    for size in (4, 6, 8):
+        beyond_one = beyond = judged = 0
+        worst, bug_low, margins = 0.0, float("inf"), []
+        for _ in range(DRAWS):
+            chosen = rng.sample(names, size)
+            band = rounding_band(reference, [records[n] for n in chosen])
+            plain = dataclasses.replace(band, margin=max(MIN_MARGIN, float(band.calibration["worst"].max())))
+            margins.append(band.margin)
+            for name in (n for n in correct if n not in chosen):
+                judged += 1
+                beyond_one += not judge(records[name], reference, plain).within
+                verdict = judge(records[name], reference, band)
+                beyond += not verdict.within
+                worst = max(worst, verdict.worst_ratio)
+            for bug in USER_BUGS:
+                verdict = judge(records[f"bug-{bug}"], reference, band)
+                bug_low = min(bug_low, 0.0 if verdict.within else verdict.first_ratio)
+        lines.append(f"| {size} | {min(margins):.2g}-{max(margins):.2g} | {beyond_one} of {judged} | {beyond} of "
+                     f"{judged} | {worst:.2f} | {bug_low:.3g} |")
+    return "\n".join(lines)
 
 
 def runner(out: Path) -> list[dict[str, object]]:
@@ -150,6 +190,10 @@ def main() -> None:
         right = sum(bool(r["right"]) for r in rows)
         sections.append(f"## {part}: {right} of {len(rows)} right ({seconds:.0f} s)\n\n{table}\n")
         print(sections[-1], flush=True)
+        if part == "user-loop":
+            sections.append(f"## calibration ({DRAWS} random bands of each size)\n\n"
+                            f"{calibration(args.out / part)}\n")
+            print(sections[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "corpus.md").write_text("\n".join(sections))
     print(f"wrote {args.out / 'corpus.md'}")

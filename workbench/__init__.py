@@ -10,7 +10,8 @@ level imports no torch: ``record``, ``replay`` and ``bisect`` import it when fir
 
 Runs and configs: ``open_run``, ``list_runs``, ``find_runs``, ``Run``, ``RunConfig``, ``load_run_config``.
 Recording: ``record``. Comparing: ``compare``, ``compare_runs``, ``Comparison``, ``describe``,
-``labelled_difference``. Checks: ``golden_check``, ``resume_check``. Investigating: ``replay``, ``bisect``. A
+``labelled_difference``. Checks: ``golden_check``, ``resume_check``; bug or rounding: ``rounding_verdict``.
+Investigating: ``replay``, ``bisect``. A
 folder of runs: ``Workspace``, ``runs_dir``, and its findings, ``summarise_study`` (what ``workbench summary``
 prints). Errors: ``WorkbenchError`` and the classes of ``workbench.errors``.
 Widgets are in ``workbench.widgets``, figures in ``workbench.figures``.
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from workbench.recorder.session import record
     from workbench.studies.comparing import compare_runs
     from workbench.studies.summary import summarise_study
+    from workbench.studies.verdicts import rounding_verdict
     from workbench.studies.workspace import Workspace, runs_dir
 
 _LAZY = {"Comparison": "workbench.analysis.compare", "compare": "workbench.analysis.compare",
@@ -55,12 +57,12 @@ _LAZY = {"Comparison": "workbench.analysis.compare", "compare": "workbench.analy
          "resume_check": "workbench.analysis.resume", "bisect": "workbench.investigate.bisect",
          "replay": "workbench.investigate.replay", "record": "workbench.recorder.session",
          "Workspace": "workbench.studies.workspace", "runs_dir": "workbench.studies.workspace",
-         "summarise_study": "workbench.studies.summary"}
+         "summarise_study": "workbench.studies.summary", "rounding_verdict": "workbench.studies.verdicts"}
 __getattr__ = lazy(__name__, _LAZY, globals())
 
 __all__ = ["ArgumentError", "Comparison", "DamagedStoreError", "IncomparableRunsError", "NoSitesError",
            "NotARunError", "NotRecordedYetError", "Run", "RunConfig", "RunFolderBusy", "RunNotFoundError",
            "UnsupportedError", "WorkbenchError", "Workspace", "bisect", "compare", "compare_runs", "describe",
            "find_runs", "golden_check", "labelled_difference", "list_runs", "load_run_config", "open_run", "record",
-           "replay", "resume_check", "runs_dir", "summarise_study"]
+           "replay", "resume_check", "rounding_verdict", "runs_dir", "summarise_study"]
 __version__ = "0.1.0"

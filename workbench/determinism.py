@@ -6,7 +6,7 @@ nondeterministic TE attention), ``NCCL_ALGO=Ring``, ``NVTE_ALLOW_NONDETERMINISTI
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, ``torch.use_deterministic_algorithms(True)`` and no
 fused cross-entropy. Nondeterministic mode leaves the fast defaults; on a CPU, whose
 kernels are deterministic, the runner emulates GPU atomics (see
-``workbench.runner.nondeterminism``) and the manifest says so.
+``workbench.recorder.nondeterminism``) and the manifest says so.
 
 Each of these is a named *source* (``SOURCES``): on a GPU its real knob, on the CPU an
 emulation where there is one (a change of accumulation order drawn from ``os.urandom``).
@@ -53,7 +53,7 @@ class Source:
     gpu: str
     """The knob on a GPU, and what it decides."""
     cpu: str | None
-    """The CPU emulation (``workbench.runner.nondeterminism``), or None where the CPU has none."""
+    """The CPU emulation (``workbench.recorder.nondeterminism``), or None where the CPU has none."""
     acts_at: tuple[str, ...]
     """Site patterns (``fnmatch``) the emulation changes first: no earlier site differs."""
     env: tuple[str, str] | None = None

@@ -87,6 +87,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--expect", default=None, help="FILE: the full tensors each step's sites must match")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (with --tp > 1)")
     parser.add_argument("--perturb", default=None, help="PRECISION: a band run (record(..., perturb=PRECISION))")
+    parser.add_argument("--emulate", default=None, help="SOURCE,...: record(..., emulate=[...]) (CPU nondeterminism)")
     parser.add_argument("--bug", choices=tuple(BUGS), default=None, help="a layout bug of the corpus, injected")
     parser.add_argument("--ddp", action="append", default=[], metavar="FIELD",
                         help="a DistributedDataParallelConfig switch to turn on (overlap_grad_reduce, ...)")
@@ -248,6 +249,8 @@ def main() -> None:
         record = functools.partial(record, record=RecordConfig(kinds=tuple(args.kinds.split(","))))
     if args.perturb:
         record = functools.partial(record, perturb=args.perturb)
+    if args.emulate:
+        record = functools.partial(record, emulate=args.emulate.split(","))
     cpu_compat.install_if_needed()
     dist.init_process_group("gloo")
     parallel_state.initialize_model_parallel(args.tp, args.pp)

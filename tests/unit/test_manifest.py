@@ -37,6 +37,18 @@ def test_a_manifest_reads_back_as_written() -> None:
     assert info.layout.world_size == 4
 
 
+def test_a_band_runs_perturbation_and_a_parting_of_replicas_read_back() -> None:
+    info = RunManifest(run_id="x-1", name="x", producer="user loop", model=MODEL,
+                       perturbation={"precision": "bf16", "relative_size": 2.0 ** -8, "modules": 9})
+    attrs = manifest_fields(info)
+    assert parse_manifest(attrs, source="s") == info
+    attrs.update(replicas_parted={"step": 0, "site": "grad:final_layernorm.weight", "tp_rank": 1},
+                 git_revision="abc123")
+    read = parse_manifest(attrs, source="s")
+    assert read.replicas_parted == {"step": 0, "site": "grad:final_layernorm.weight", "tp_rank": 1}
+    assert read.revision == "abc123"
+
+
 def test_the_runners_manifest_and_a_schema_v1_one_say_the_same() -> None:
     cfg = RunConfig.from_dict({"name": "r", "layout": {"tp": 2}, "precision": "bf16", "deterministic": False})
     v2 = parse_manifest(runner_manifest(cfg), source="s")
@@ -54,6 +66,9 @@ def test_the_runners_manifest_and_a_schema_v1_one_say_the_same() -> None:
     (lambda m: m["model"].update(num_layers=True), "'num_layers' is bool"),
     (lambda m: m.update(deterministic="yes"), "'deterministic' is str"),
     (lambda m: m["layout"].update(tp="2"), "'tp' is str"),
+    (lambda m: m.update(replicas_parted={"step": -1, "site": "grad:x", "tp_rank": 1}), "replicas_parted"),
+    (lambda m: m.update(replicas_parted={"step": 3, "site": "grad:x"}), "replicas_parted"),
+    (lambda m: m.update(perturbation={"precision": "fp32", "relative_size": 0.0}), "perturbation"),
 ])
 def test_a_missing_or_mistyped_field_is_named(edit, field: str) -> None:  # type: ignore[no-untyped-def]
     attrs = manifest_fields(RunManifest(run_id="x-1", name="x", producer="user loop", model=MODEL))

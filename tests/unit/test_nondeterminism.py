@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workbench.runner import nondeterminism as nd
+from workbench.recorder import nondeterminism as nd
 
 
 def test_the_order_of_three_or_more_parts_changes_the_sum_and_blocks_come_in_threes() -> None:
@@ -75,3 +75,17 @@ def test_the_emulated_split_k_gemm_is_the_product_in_k_chunks(monkeypatch: pytes
         monkeypatch.setattr(nd, "_random_order", order)
         values.append(nd._splitk_hook(module, (x,), (x @ weight.t(), None))[0])
     assert not torch.equal(values[0], values[1])  # four chunks of 16, added in two orders
+
+
+def test_a_loops_emulations_are_named_sources_and_run_on_the_cpu_only() -> None:
+    from workbench.errors import ArgumentError
+    from workbench.recorder.session import _emulated
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ArgumentError, match="emulate='atomics' is no nondeterminism source; the sources are "
+                                            "embedding_atomics"):
+        _emulated([model], ["atomics"], {}, on_gpu=False)
+    with pytest.raises(ArgumentError, match="on a GPU the sources are real"):
+        _emulated([model], ["embedding_atomics"], {}, on_gpu=True)
+    with pytest.raises(ArgumentError, match="nothing in this model to emulate them in"):
+        _emulated([model], ["embedding_atomics"], {}, on_gpu=False)  # no Megatron embedding: never named on

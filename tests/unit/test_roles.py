@@ -50,6 +50,12 @@ def test_runs_of_other_code_are_never_repeats_and_band_runs_are_a_role_of_their_
     assert roles.reference == "a" and set(roles.others) == {"bugged", "later"}
 
 
+def test_a_folder_of_nondeterministic_repeats_alone_names_each_floor_run_once() -> None:
+    infos = {name: info(name, deterministic=False) for name in ("e1", "e2")}
+    roles = find_roles(infos, infos)
+    assert roles.reference == "e1" and roles.floor_runs == ["e1", "e2"]
+
+
 def test_a_run_without_records_is_never_the_reference_while_one_with_records_exists() -> None:
     infos = {"a": info("a"), "b": info("b", precision="bf16")}
     assert find_roles(infos, ["b"]).reference == "b"

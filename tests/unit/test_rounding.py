@@ -134,3 +134,16 @@ def test_a_coarser_precision_makes_a_wider_band(corpus: dict[str, RunRecords]) -
     fine, coarse = rounding_band(corpus["ref"], runs), rounding_band(corpus["ref"], runs, precision="bf16")
     assert (coarse.band >= fine.band).all() and coarse.band.min() == 2 * 2.0 ** -8
     assert judge(corpus["bug"], corpus["ref"], coarse).within  # 2**-10 is within bf16's rounding
+
+
+def test_replicas_that_parted_are_beyond_rounding_at_their_step_and_site(corpus: dict[str, RunRecords]) -> None:
+    band = rounding_band(corpus["ref"], [corpus[f"p{i}"] for i in range(4)])
+    parted = {"step": 1, "site": "grad:layers.0.mlp.linear_fc1.weight", "tp_rank": 1}
+    verdict = judge(corpus["p11"], corpus["ref"], band, replicas_parted=parted)  # within the band, but parted
+    assert (verdict.within, verdict.first_step, verdict.first_site, verdict.parted_rank) == \
+        (False, 1, "grad:layers.0.mlp.linear_fc1.weight", 1)
+    assert "whose copy on TP rank 1 differs from TP rank 0's" in verdict.summary()
+    assert json.loads(json.dumps(verdict.to_dict()))["first_ratio"] == "inf"
+    # a site beyond the band before the parting keeps the verdict where it was
+    bug = judge(corpus["bug"], corpus["ref"], band, replicas_parted={**parted, "step": 3})
+    assert (bug.first_step, bug.first_site, bug.parted_rank) == (2, "act:layers.0.mlp", None)

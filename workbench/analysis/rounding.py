@@ -24,8 +24,11 @@ nondeterministic repeats of the reference where there are any.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,7 +36,7 @@ import pandas as pd
 from workbench.analysis.difference import first_true
 from workbench.analysis.tolerance import TOLERANCE_QUANTITIES, site_differences
 from workbench.errors import IncomparableRunsError
-from workbench.sites import split_site
+from workbench.sites import KINDS, split_site
 from workbench.store.records import RunRecords
 
 HELD_OUT_FACTOR = 2.0
@@ -99,6 +102,9 @@ class RoundingVerdict:
     worst_site: str | None
     ratio: pd.DataFrame
     """float (step x site): distance over the tolerance (0 where bitwise equal, inf where the band is 0)."""
+    parted_rank: int | None = None
+    """Where the first site beyond is a replicated tensor whose copies parted: the TP rank whose copy differs
+    from rank 0's (the run's ``replicas_parted``); None otherwise."""
 
     def to_dict(self) -> dict[str, object]:
         """The verdict as JSON types (a ratio over a zero band is the string ``"inf"``), without the table."""
@@ -109,7 +115,7 @@ class RoundingVerdict:
                 else "beyond rounding", "within": self.within, "first_step": self.first_step,
                 "first_site": self.first_site, "first_ratio": number(self.first_ratio),
                 "worst_ratio": number(self.worst_ratio), "worst_step": self.worst_step, "worst_site": self.worst_site,
-                "band_runs": list(self.band_runs), "margin": self.margin}
+                "band_runs": list(self.band_runs), "margin": self.margin, "parted_tp_rank": self.parted_rank}
 
     def summary(self) -> str:
         """One line: within rounding, or beyond it and where to look."""
@@ -117,6 +123,10 @@ class RoundingVerdict:
         if self.within:
             return (f"{self.run} vs {self.reference}: within rounding at every step and site "
                     f"(largest {self.worst_ratio:.3g} of the tolerance; {band})")
+        if self.parted_rank is not None:
+            return (f"{self.run} vs {self.reference}: beyond rounding from step {self.first_step}: look at "
+                    f"{self.first_site}, whose copy on TP rank {self.parted_rank} differs from TP rank 0's (replicas "
+                    f"of one tensor agree bitwise in a correct run; {band})")
         return (f"{self.run} vs {self.reference}: beyond rounding from step {self.first_step}: look at "
                 f"{self.first_site} ({_times(self.first_ratio)} the tolerance there; largest "
                 f"{_times(self.worst_ratio)} at step {self.worst_step}, {self.worst_site}; {band})")
@@ -195,8 +205,12 @@ def rounding_band(reference: RunRecords, band_runs: list[RunRecords], *, precisi
                         max(MIN_MARGIN, HELD_OUT_FACTOR * float(calibration["worst"].max())), calibration)
 
 
-def judge(run: RunRecords, reference: RunRecords, band: RoundingBand) -> RoundingVerdict:
-    """Whether ``run`` differs from ``reference`` by rounding alone (see the module docstring)."""
+def judge(run: RunRecords, reference: RunRecords, band: RoundingBand, *,
+          replicas_parted: Mapping[str, Any] | None = None) -> RoundingVerdict:
+    """Whether ``run`` differs from ``reference`` by rounding alone (see the module docstring). ``replicas_parted``:
+    the run's manifest's (``step``, ``site``, ``tp_rank``), where copies of a replicated tensor first differed
+    between TP ranks; they never do in a correct run, so that step and site are beyond rounding, unless a site
+    left the band earlier."""
     if band.reference != reference.name:
         raise IncomparableRunsError(f"the band is {band.reference}'s, not {reference.name}'s")
     steps, sites = _aligned([reference, run])
@@ -211,9 +225,23 @@ def judge(run: RunRecords, reference: RunRecords, band: RoundingBand) -> Roundin
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     worst_ratio = float(ratio[worst])
     first = first_true(frame > 1.0)
-    return RoundingVerdict(
+    verdict = RoundingVerdict(
         run=run.name, reference=reference.name, band_runs=band.runs, margin=band.margin, within=first is None,
         first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         first_ratio=math.nan if first is None else float(frame.loc[first.step, first.site]),
         worst_ratio=worst_ratio, worst_step=steps[worst[0]] if worst_ratio > 0 else None,
         worst_site=sites[worst[1]] if worst_ratio > 0 else None, ratio=frame)
+    if replicas_parted is not None and (first is None or int(replicas_parted["step"]) < first.step or (
+            int(replicas_parted["step"]) == first.step and _before(str(replicas_parted["site"]), first.site, sites))):
+        return dataclasses.replace(verdict, within=False, first_step=int(replicas_parted["step"]),
+                                   first_site=str(replicas_parted["site"]), first_ratio=math.inf,
+                                   worst_ratio=math.inf, parted_rank=int(replicas_parted["tp_rank"]))
+    return verdict
+
+
+def _before(site: str, other: str, order: list[str]) -> bool:
+    """Whether ``site`` comes before ``other`` in execution order (a site not recorded: by its kind's order)."""
+    if site in order and other in order:
+        return order.index(site) < order.index(other)
+    kinds = list(KINDS)
+    return kinds.index(split_site(site)[0]) <= kinds.index(split_site(other)[0])

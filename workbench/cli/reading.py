@@ -68,7 +68,8 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _add_compare(verbs: argparse._SubParsersAction) -> None:
-    cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site)")
+    cmp = verbs.add_parser("compare", help="where two runs first differ (step, then site); with band runs beside A, "
+                           "whether B differs from A by more than rounding")
     cmp.add_argument("a", type=run_location, help="a run folder, or a URL fsspec reads (s3://bucket/runs/a)")
     cmp.add_argument("b", type=run_location)
     cmp.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -78,15 +79,21 @@ def _add_compare(verbs: argparse._SubParsersAction) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from workbench.store.reader import open_run
     from workbench.studies.comparing import compare_stores
+    from workbench.studies.verdicts import verdict_or_reason
 
     a, b = open_run(args.a), open_run(args.b)
     result = compare_stores(a, b, cells=True)  # every cell read: a damaged chunk of either run is found
     facts = environment.difference(a.manifest.runtime, b.manifest.runtime)
+    rounding = None if result.identical else verdict_or_reason(b, a)  # a is the reference; its band beside it
     if args.json:
-        print(json.dumps({**result.to_dict(growth=True), "environment": facts.to_dict()}, indent=1, default=str))
+        print(json.dumps({**result.to_dict(growth=True), "environment": facts.to_dict(),
+                          "rounding": rounding if isinstance(rounding, str | None) else rounding.to_dict()},
+                         indent=1, default=str))
     else:
         print(result.summary(escape=terminal_safe))
         print(terminal_safe(facts.summary(runs_differ=not result.identical)))
+        if rounding is not None:
+            print(terminal_safe(f"bug or rounding: {rounding}" if isinstance(rounding, str) else rounding.summary()))
     return 0
 
 

@@ -49,6 +49,7 @@ from workbench.recorder.hooks import Undo, hook_optimizer_step, wrap_finalize
 from workbench.recorder.live import LiveCheck
 from workbench.recorder.parameter_side import ParameterSide
 from workbench.recorder.registry import SiteRegistry
+from workbench.recorder.replicas import Parting, ReplicaCheck
 from workbench.recorder.slots import Slots, Stopwatch
 from workbench.recorder.snapshots import write_snapshots
 from workbench.recorder.step_state import PendingStep, Reduction, StepState, launch_reduction
@@ -97,6 +98,8 @@ class Recorder:
         if why is not None:
             raise ArgumentError(why)
         self._parameters = ParameterSide(targets, slots=self._slots, kinds=kinds, wanted=wanted, owned=owned)
+        self._replicas = ReplicaCheck(targets, ranks)
+        self._parted: Parting | None = None
         self._activations = ActivationSide(chunks, slots=self._slots, ranks=ranks, kinds=kinds,
                                            global_batch=global_batch_size or 0, clock=self._clock)
         self._paths_before = collections.Counter(kernels.PATHS)
@@ -140,6 +143,7 @@ class Recorder:
         self._slots.begin(step, snapshots=step in self.record.snapshot_steps)
         self._activations.hooks.attach()
         self._parameters.begin()
+        self._replicas.params(step)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -176,9 +180,11 @@ class Recorder:
 
     def _on_gradients_reduced(self) -> None:
         state = self._slots.state
-        if state is not None and "grad" in self._kinds and not state.grads_recorded:
+        if state is not None and not state.grads_recorded:
             state.grads_recorded = True  # once per step, however many optimizers step
-            self._gradients("grad")
+            self._replicas.grads(self._slots.step)
+            if "grad" in self._kinds:
+                self._gradients("grad")
 
     # -- the end of a step, flush (collective: every rank calls them at the same steps) ------
 
@@ -201,6 +207,10 @@ class Recorder:
     def _flush(self) -> None:
         if not self._pending or self._registry.sites is None:
             return
+        parted = self._replicas.compare()  # collective, as the reduction below is
+        if parted is not None and parted != self._parted and self._rank == 0:
+            update_manifest(self._run_dir, replicas_parted=parted.to_dict())
+        self._parted = parted
         reduction = launch_reduction(self._pending, self._registry.index, self._device, rank=self._rank)
         self._pending = []
         if reduction is None:

@@ -126,9 +126,47 @@ def live_determinism(config: Any, *, on_gpu: bool = False) -> dict[str, Any]:
         "env": env,
         "emulated_nondeterminism": [],
         "sources": {name: {"state": str(state.value), "does": determinism.SOURCES[name].gpu if on_gpu else
-                           "nothing: CPU kernels are deterministic and this loop emulates none"}
+                           "nothing: CPU kernels are deterministic (record(..., emulate=[name]) emulates it)"}
                     for name, state in sources.items()},
     }
+
+
+class _LoopModel(torch.nn.ModuleList):
+    """A loop's chunks as the emulations take a model (``nondeterminism.install``): the GPT models, and the
+    DDP-wrapped chunks whose gradient buckets the data-parallel emulation reorders."""
+
+    def __init__(self, chunks: Sequence[torch.nn.Module]) -> None:
+        super().__init__(list(chunks))
+        self.gpts = [unwrap(chunk) for chunk in chunks]
+        self.chunks = [chunk for chunk in chunks if hasattr(chunk, "bucket_groups")]
+
+
+def _emulated(chunks: Sequence[torch.nn.Module], emulate: Sequence[str], switches: dict[str, Any], *,
+              on_gpu: bool) -> dict[str, Any]:
+    """Put on the CPU emulations of ``emulate`` in the loop's model; ``switches`` as the manifest then says them:
+    nondeterministic, the sources on and what each emulation does."""
+    from workbench.recorder import nondeterminism
+
+    names = [emulate] if isinstance(emulate, str) else list(emulate)
+    unknown = [name for name in names if name not in determinism.SOURCES]
+    if unknown:
+        raise ArgumentError(f"emulate={unknown[0]!r} is no nondeterminism source; the sources are "
+                            f"{', '.join(determinism.SOURCES)}")
+    if on_gpu:
+        raise ArgumentError("emulate= is for a run on the CPU: on a GPU the sources are real (leave Megatron's "
+                            "deterministic mode off)")
+    states = {name: determinism.SourceState.ON for name in names}
+    try:
+        done = nondeterminism.install(_LoopModel(chunks), states)
+    except ValueError as err:
+        raise ArgumentError(f"emulate={names!r}: {err}") from None
+    if not done:
+        raise ArgumentError(f"emulate={names!r}: nothing in this model to emulate them in (Megatron's embedding, "
+                            "MLP, attention, DDP buckets or MoE dispatcher)")
+    sources = dict(switches.get("sources", {}))
+    for name in names:
+        sources[name] = {"state": "on", "does": determinism.SOURCES[name].cpu}
+    return {**switches, "deterministic": False, "emulated_nondeterminism": done, "sources": sources}
 
 
 def _signature(model: Any, config: Any, parameters: int) -> ModelSignature:
@@ -163,7 +201,8 @@ class TrainingRun:
                  deterministic: bool | None = None, record: RecordConfig | None = None,
                  sites: SiteFilter | None = None, flush_every: int = 10, heartbeat_s: float = 30.0,
                  against: str | os.PathLike[str] | None = None, rtol: float | None = None,
-                 keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None) -> None:
+                 keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None,
+                 emulate: Sequence[str] = ()) -> None:
         check_megatron_core()
         if not isinstance(steps, int) or steps < 1:
             raise ArgumentError(f"steps must be a positive number of training steps, not {steps!r}")
@@ -189,6 +228,8 @@ class TrainingRun:
             signature = _signature(model, config, self.recorder.parameter_count())
             device = next(model.parameters()).device
             switches = live_determinism(config, on_gpu=device.type == "cuda")
+            if emulate:
+                switches = _emulated(chunks, emulate, switches, on_gpu=device.type == "cuda")
             if deterministic is not None:
                 switches["deterministic"] = deterministic
             name = name or self.run_dir.name
@@ -390,7 +431,8 @@ def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], o
            user_config: Mapping[str, Any] | None = None, seed: int | None = None, deterministic: bool | None = None,
            record: RecordConfig | None = None, sites: SiteFilter | None = None, flush_every: int = 10,
            heartbeat_s: float = 30.0, against: str | os.PathLike[str] | None = None, rtol: float | None = None,
-           keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None) -> TrainingRun:
+           keep_going: bool = False, producer: str = USER_LOOP, perturb: str | None = None,
+           emulate: Sequence[str] = ()) -> TrainingRun:
     """Start recording a Megatron Core training into the run folder ``run_dir``; use it as a context manager
     around the loop (``with record(...) as run:``, then ``with run.step(step):`` and ``run.log(...)``). Every
     rank calls it, after ``parallel_state`` is initialised and the model and optimizer exist.
@@ -410,10 +452,14 @@ def record(run_dir: str | os.PathLike[str], chunks: Sequence[torch.nn.Module], o
     this run a band run of the loop (``"fp32"``, ``"bf16"`` or ``"fp16"``): every module's output and its
     gradient get one rounding of that precision (``workbench.recorder.rounding``), and the manifest says so
     (``perturbation``); a few such runs are the band ``workbench verdict`` holds a layout or precision change to.
+    ``emulate``: on the CPU, the nondeterminism sources to emulate (``workbench.determinism.SOURCES``:
+    ``embedding_atomics``, ``attention_backward``, ``splitk_gemm``, ``dp_allreduce``, ``moe_token_combine``), each
+    an accumulation order drawn from ``os.urandom`` as a GPU's would be; the manifest names them on and the run
+    nondeterministic, so that repeats of the loop make a noise floor on a machine without a GPU.
 
     What it would record wrong is refused here, in one line, before anything is written; a folder another
     writer holds is refused naming it."""
     return TrainingRun(run_dir, chunks, optimizer, steps=steps, name=name, global_batch_size=global_batch_size,
                        user_config=user_config, seed=seed, deterministic=deterministic, record=record, sites=sites,
                        flush_every=flush_every, heartbeat_s=heartbeat_s, against=against, rtol=rtol,
-                       keep_going=keep_going, producer=producer, perturb=perturb)
+                       keep_going=keep_going, producer=producer, perturb=perturb, emulate=emulate)

@@ -32,9 +32,9 @@ class Trainer:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from workbench.recorder import Recorder
+        from workbench.recorder import Recorder, nondeterminism
         from workbench.recorder.rounding import RoundingProbe
-        from workbench.runner import faults, nondeterminism
+        from workbench.runner import faults
         from workbench.runner.model import build_model, compute_dtype
         from workbench.runner.optimizer import build_optimizer, build_scheduler
 

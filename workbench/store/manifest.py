@@ -138,6 +138,9 @@ class RunManifest:
     (``workbench.recorder.rounding``); None for an ordinary run."""
     revision: str | None = None
     """The git revision of the code that made the run (its working directory's), where the producer said."""
+    replicas_parted: Mapping[str, Any] | None = None
+    """Where a parameter replicated over the TP ranks first differed between them (``step``, ``site``, ``tp_rank``;
+    ``workbench.recorder.replicas``); None where the copies agreed, or nobody compared them."""
 
     def configuration(self) -> str:
         """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
@@ -270,7 +273,8 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
         config_hash=attrs.get("config_hash"), resumes=tuple(attrs.get("resumes") or ()),  # FACTS checked them
         fault=None if attrs.get("fault") in (None, "none") else attrs["fault"], replay=attrs.get("replay"),
         started_from=attrs.get("started_from"), runtime=attrs.get("runtime") or {},
-        perturbation=attrs.get("perturbation"), revision=attrs.get("git_revision"))
+        perturbation=attrs.get("perturbation"), revision=attrs.get("git_revision"),
+        replicas_parted=attrs.get("replicas_parted"))
 
 
 def _text(value: Any) -> bool:
@@ -320,6 +324,10 @@ FACTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "heartbeat": (_mapping(at=_finite(0.0), every_s=_finite(0.0, above=True)),
                   "a mapping with 'at' (epoch seconds) and 'every_s' (> 0)"),
     "user_config_hash": (lambda v: isinstance(v, str), "a string"),
+    "replicas_parted": (lambda v: _mapping(step=_whole(0, _LARGEST_COUNT), site=lambda s: isinstance(s, str),
+                                           tp_rank=_whole(0, _LARGEST_SIZE))(v)
+                        and all(v.get(n) is not None for n in ("step", "site", "tp_rank")),
+                        "a mapping with the step >= 0, the site and the TP rank"),
     "perturbation": (_mapping(precision=lambda v: isinstance(v, str), relative_size=_finite(0.0, above=True)),
                      "a mapping with the precision and the relative size (> 0) of the noise"),
     "started_from": (_mapping(run=lambda v: isinstance(v, str), run_id=lambda v: isinstance(v, str),

@@ -63,9 +63,10 @@ def repeat_key(info: RunManifest, *, seed: bool = True) -> tuple[object, ...] | 
 
 
 RUN_PLACES = frozenset({"run_dir", "name", "save", "load", "tensorboard_dir", "wandb_exp_name", "wandb_save_dir",
-                        "wandb_project", "data_cache_path", "log_dir", "output_dir", "seed"})
-"""Keys of a ``user_config`` that say where a run writes or what it is called, not what it computes (and the
-seed, which repeat keys hold apart): two repeats of one loop differ in them."""
+                        "wandb_project", "data_cache_path", "log_dir", "output_dir", "seed", "perturb", "emulate"})
+"""Keys of a ``user_config`` that say where a run writes or what it is called, not what it computes: two repeats
+of one loop differ in them. And those the manifest holds in fields of their own: the seed, and the workbench's
+own switches a loop passes on (``record(..., perturb=, emulate=)``)."""
 
 
 def code_key(info: RunManifest) -> tuple[object, ...]:
@@ -196,7 +197,8 @@ def _floor_runs(infos: Mapping[str, RunManifest], recorded: list[str], reference
     nondeterministic = [g for g in groups if infos[g[0]].deterministic is False]
     all_off = [g for g in nondeterministic if sources_of(infos[g[0]]) == []]  # an attribution study's floor
     runs = max(all_off or nondeterministic, key=len, default=[])
-    if runs and reference in recorded and (infos[reference].configuration(), code_key(infos[reference])) == \
+    if runs and reference in recorded and reference not in runs and \
+            (infos[reference].configuration(), code_key(infos[reference])) == \
             (infos[runs[0]].configuration(), code_key(infos[runs[0]])):
         runs = [reference, *runs]
     return runs if len(runs) >= 2 else []

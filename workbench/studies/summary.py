@@ -17,7 +17,6 @@ from workbench.analysis.findings import study_findings
 from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
 from workbench.store.reader import find_runs, run_table
-from workbench.studies.verdicts import verdict_table
 from workbench.studies.workspace import Workspace
 
 
@@ -37,8 +36,8 @@ class StudySummary:
     """Each nondeterminism source alone against the reference (``Workspace.attribution``); empty if none."""
     on_cpu: bool = False
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Bug or rounding: every other run against the reference's band runs (``studies.verdicts.verdict_table``);
-    empty without band runs."""
+    """Bug or rounding: every other run against the reference's band runs (``Workspace.verdicts``); empty without
+    band runs."""
 
     def text(self) -> str:
         lines = [self.runs.drop(columns=["path"]).to_string(index=False, float_format=lambda x: f"{x:.4f}"), "",
@@ -130,8 +129,7 @@ def summarise(ws: Workspace) -> StudySummary:
     if band:
         findings.append(f"{len(band)} band runs of {reference} (rounding noise added: {', '.join(sorted(band))}) "
                         "make the band the changes are judged against")
-    verdicts = verdict_table(ws.runs, reference, roles.others, roles.band_runs, lambda n: records[n]) \
-        if reference in records and roles.others and roles.band_runs else pd.DataFrame()
+    verdicts = ws.verdicts() if reference in records else pd.DataFrame()
     if reference in records and roles.others and not roles.band_runs:
         findings.append(f"bug or rounding: no band runs of {reference} here, so no change is judged against its "
                         "rounding; add a few (a study's run with perturb = \"fp32\" and repeats = 6, or "

@@ -53,13 +53,15 @@ def _only_determinism_differs(mine: RunManifest, theirs: RunManifest) -> bool:
         except WorkbenchError:
             return False
         return configs[0].numerics_hash() == configs[1].numerics_hash() and code_key(mine) == code_key(theirs)
-    keys = [repeat_key(dataclasses.replace(info, deterministic=True)) for info in (mine, theirs)]
+    keys = [repeat_key(dataclasses.replace(info, deterministic=True, determinism={})) for info in (mine, theirs)]
     return keys[0] is not None and keys[0] == keys[1]
 
 
 def band_runs(reference: Run, precision: str, *, folder: str | Path | None = None) -> list[Run]:
     """The runs of ``folder`` (default: the reference's own folder's parent) that make ``reference``'s band."""
     where = Path(folder) if folder is not None else reference.path.parent
+    if not where.is_dir():  # a run read from a URL: its band is named (``--band``), not looked for
+        return []
     found = []
     for path in find_runs(where):
         try:
@@ -79,10 +81,20 @@ def rounding_verdict(run: Run, reference: Run, *, band: Sequence[Run] | None = N
     if band is None and len(runs) < 2:
         raise IncomparableRunsError(
             f"{reference.name} has {len(runs)} band run(s) of {precision}'s rounding beside it; a verdict needs two "
-            f"or more: record the reference's loop again with record(..., perturb={precision!r}) (three or more "
-            "make a calibrated margin)")
+            f"or more: record the reference's loop again with record(..., perturb={precision!r}) (six make a "
+            "calibrated margin: docs/bug-or-rounding.md)")
     records = reference.records()
-    return judge(run.records(), records, rounding_band(records, [r.records() for r in runs], precision=precision))
+    return judge(run.records(), records, rounding_band(records, [r.records() for r in runs], precision=precision),
+                 replicas_parted=run.manifest.replicas_parted)
+
+
+def verdict_or_reason(run: Run, reference: Run) -> RoundingVerdict | str:
+    """``rounding_verdict`` with the band found beside ``reference``, or why there is none (one line): what
+    ``workbench compare`` adds to its answer, which a band it cannot judge with never fails."""
+    try:
+        return rounding_verdict(run, reference)
+    except WorkbenchError as err:
+        return str(err)
 
 
 VERDICT_COLUMNS = ["run", "verdict", "first_step", "first_site", "tolerances", "band"]
@@ -106,7 +118,8 @@ def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str
             rows.append({"run": name, "verdict": f"no band of {precision}'s rounding", "first_step": None,
                          "first_site": None, "tolerances": float("nan"), "band": ""})
             continue
-        verdict = judge(records(name), records(reference), band)  # type: ignore[arg-type]
+        verdict = judge(records(name), records(reference), band,  # type: ignore[arg-type]
+                        replicas_parted=runs[name].manifest.replicas_parted)
         rows.append({"run": name, "verdict": "within rounding" if verdict.within else "beyond rounding",
                      "first_step": verdict.first_step, "first_site": verdict.first_site,
                      "tolerances": verdict.worst_ratio if verdict.within else verdict.first_ratio,

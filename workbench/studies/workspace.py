@@ -39,6 +39,7 @@ from workbench.studies.comparing import compare_stores
 from workbench.studies.holding import KEPT_STATISTICS, Holding
 from workbench.studies.reading_ahead import Pause, ReadAhead, Task
 from workbench.studies.roles import Roles, find_roles
+from workbench.studies.verdicts import VERDICT_COLUMNS, verdict_table
 
 DEMO_RUNS = Path("data/runs/demo")
 PRELOAD_ENV = "WORKBENCH_PRELOAD_MB"
@@ -155,6 +156,15 @@ class Workspace:
     def scales(self, column: str = "val_loss", names: Iterable[str] | None = None) -> tuple[int | None, pd.DataFrame]:
         """Each run's ``column`` judged against the noise floor and the seed spread (``studies.measures.scales``)."""
         return measures.scales(self, column, names)
+
+    def verdicts(self, names: Iterable[str] | None = None) -> pd.DataFrame:
+        """Bug or rounding: each of ``names`` (default: the precision and layout runs) against the reference's
+        rounding band (``studies.verdicts.verdict_table``; empty without band runs)."""
+        roles, chosen = self.roles, list(self.roles.others if names is None else names)
+        if not roles.band_runs or not chosen:
+            return pd.DataFrame(columns=VERDICT_COLUMNS)
+        return self.holding.get("verdicts", tuple(chosen), partial(
+            verdict_table, self.runs, roles.reference, chosen, roles.band_runs, self.records))
 
     @property
     def on_cpu(self) -> bool:
