@@ -61,6 +61,10 @@ def test_demo_study_covers_what_the_demo_promises() -> None:
     assert not configs["nondet-r0"].deterministic
     assert configs["tp2"].layout.tp == 2 and configs["pp2"].layout.pp == 2 and configs["dp2"].layout.dp == 2
     assert next(r for r in study.runs if r.name == "resumed").resume_at is not None
+    # the band the layout and precision runs are judged against, bug or rounding: fp32's, and bf16's for bf16
+    assert [configs[f"band-r{i}"].perturb for i in range(6)] == ["fp32"] * 6 and configs["bf16"].perturb is None
+    assert configs["band-bf16-r0"].perturb == "bf16" and configs["band-r0"].numerics_hash() != \
+        configs["det-r0"].numerics_hash()
 
 
 def test_overrides_change_the_base_of_every_run() -> None:
