@@ -191,6 +191,19 @@ def test_ladder_figure_draws_runs_and_noise_band() -> None:
     assert "bf16 ▲ emb, step 0" in _legend_entries(fig)
 
 
+def test_ladder_figure_draws_the_rounding_band_and_says_each_runs_verdict() -> None:
+    ref = records("ref")
+    bands = [perturb(ref, f"band{i}", step=0, site=SITES[0], factor=1 + 1e-7 * (i + 1)) for i in range(2)]
+    big = perturb(ref, "bug", step=0, site=SITES[0], factor=1.01)
+    fig = ladder_figure(ladder(ref, [big]), rounding=ladder(ref, bands),
+                        verdicts={"bug": "beyond rounding, step 0"})
+    band = [t for t in fig.data if t.name == "rounding band (band runs)"]
+    assert len(band) == 2 and band[0].legendgroup == "rounding"  # one band in each panel, in its own colour
+    assert {t.fillcolor for t in band} == {"rgba(0, 158, 115, 0.20)"}
+    assert "bug · beyond rounding, step 0" in _legend_entries(fig)
+    assert "rounding band (band runs)" in _legend_entries(fig)
+
+
 LAYER_SITES = ["param:embedding.word_embeddings.weight", "act:embedding",
                *[f"act:layers.{i}.{m}" for i in range(24) for m in ("self_attention", "mlp")],
                "act:final_layernorm", "act:output_layer", "loss:cross_entropy"]

@@ -9,23 +9,36 @@ Pure: an ``analysis.ladder.Ladder`` in, a plotly figure out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.ladder import Ladder
-from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, colour, floor_band, legend_rows, line_style
+from workbench.figures.style import (
+    NOISE_FLOOR,
+    ROUNDING_BAND,
+    SEED_SPREAD,
+    apply_style,
+    colour,
+    floor_band,
+    legend_rows,
+    line_style,
+)
 from workbench.sites import layer_order
 from workbench.store.manifest import Provenance
 
 
 def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder | None = None,
+                  rounding: Ladder | None = None, verdicts: Mapping[str, str] | None = None,
                   provenance: Provenance | None = None) -> go.Figure:
     """Left: relative error per layer at the last step, one line per run. Right: relative error over steps
     (median over layers), on the same y axis. The noise floor (repeats against the same reference) and the
-    seed-to-seed spread (other seeds against one run) are bands. Where a run leaves the noise floor is a
-    triangle on its line in both panels (the layer on the left, the step on the right), and its legend entry
-    says both: nothing is written over the lines.
+    seed-to-seed spread (other seeds against one run) are bands, and so is the rounding band (the reference's
+    band runs against it: what a correct change may do). Where a run leaves the noise floor is a triangle on its
+    line in both panels (the layer on the left, the step on the right), and its legend entry says both, and its
+    verdict, bug or rounding, where ``verdicts`` has one (run -> a few words): nothing is written over the lines.
 
     The legend lies above the plot, in the top margin (in a paper's sizes too: no subplot titles there); the
     layer names are short ("emb", "L0", "ln_f", "out") and upright, at most eight of them (every n-th of a deep
@@ -33,15 +46,15 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
     fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.03, shared_yaxes=True)
     final = ladder.final_by_layer()
     layers = layer_order([str(c) for c in final.columns])
-    for band, is_seeds in ((seeds, True), (noise, False)):
+    for band, name in ((seeds, SEED_SPREAD), (noise, NOISE_FLOOR), (rounding, ROUNDING_BAND)):
         if band is None or band.per_layer.empty:
             continue
-        name = SEED_SPREAD if is_seeds else NOISE_FLOOR
+        kind = dict(seeds=name == SEED_SPREAD, rounding=name == ROUNDING_BAND)
         band_final = band.final_by_layer().reindex(columns=layers)
-        floor_band(fig, layers, band_final.min(), band_final.max(), col=1, name=name, log=True, seeds=is_seeds)
+        floor_band(fig, layers, band_final.min(), band_final.max(), col=1, name=name, log=True, **kind)
         over_steps = band.per_layer.groupby(["run", "step"])["relative_error"].median().unstack("run")
         floor_band(fig, list(over_steps.index), over_steps.min(axis=1), over_steps.max(axis=1), col=2, name=name,
-                   show=False, log=True, seeds=is_seeds)
+                   show=False, log=True, **kind)
     exits = ladder.summary.dropna(subset=["floor_exit_layer"]).set_index("run")
     for i, run in enumerate(final.index):
         values = pd.Series(final.loc[run, layers].to_numpy(dtype=float), index=layers)
@@ -52,6 +65,8 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
         if exit_ is not None:
             layer, step, site = str(exit_["floor_exit_layer"]), int(exit_["floor_exit_step"]), exit_["floor_exit_site"]
             legend = f"{run} {_EXIT} {_short_layer(layer)}, step {step}"
+        if verdicts is not None and run in verdicts:
+            legend += f" · {verdicts[run]}"
         # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
         fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
                                  legendgroup=str(run), showlegend=False, line=line_style(i)), row=1, col=1)

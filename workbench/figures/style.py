@@ -28,10 +28,13 @@ EQUAL_COLOUR = "#e8e8e8"
 FLOOR_COLOUR = "rgba(120, 120, 120, 0.22)"
 SEED_COLOUR = "rgba(86, 180, 233, 0.18)"
 """The seed-to-seed spread's band (the palette's sky blue, lighter than the noise floor's grey)."""
-BAND_EDGES = {FLOOR_COLOUR: "rgb(120, 120, 120)", SEED_COLOUR: "rgb(86, 180, 233)"}
+ROUNDING_COLOUR = "rgba(0, 158, 115, 0.20)"
+"""The rounding band's (the palette's bluish green): band runs, the rounding a correct change may make."""
+BAND_EDGES = {FLOOR_COLOUR: "rgb(120, 120, 120)", SEED_COLOUR: "rgb(86, 180, 233)", ROUNDING_COLOUR: "rgb(0, 158, 115)"}
 """Each band's colour made opaque: the dotted line of a band of no width."""
 NOISE_FLOOR = "noise floor (repeats)"
 SEED_SPREAD = "seed-to-seed spread"
+ROUNDING_BAND = "rounding band (band runs)"
 FONT_SIZE = 13
 FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE, color="#222222")
 TEMPLATE = "workbench"
@@ -249,16 +252,16 @@ def _wrap(text: str, chars: int) -> str:
 
 def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[float], *,  # type: ignore[type-arg]
                row: int = 1, col: int = 1, name: str = "noise floor", show: bool = True,
-               log: bool = False, seeds: bool = False) -> None:
+               log: bool = False, seeds: bool = False, rounding: bool = False) -> None:
     """The noise floor as a grey band from ``low`` to ``high`` over ``x``; with ``seeds``, the seed-to-seed
-    spread as a blue one. Steps where a bound is missing are left out; a band of no width (one run) is drawn
-    as a dotted line. On a log axis a band whose top is <= 0 is a gap, and one whose bottom is <= 0 (runs
-    that agree bitwise there) reaches a decade below the band's smallest positive value: each stretch
-    between gaps is a polygon of its own."""
+    spread as a blue one; with ``rounding``, the rounding band (the reference's band runs) as a green one. Steps
+    where a bound is missing are left out; a band of no width (one run) is drawn as a dotted line. On a log axis
+    a band whose top is <= 0 is a gap, and one whose bottom is <= 0 (runs that agree bitwise there) reaches a
+    decade below the band's smallest positive value: each stretch between gaps is a polygon of its own."""
     lows, highs = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
     kept = ~(np.isnan(lows) | np.isnan(highs))  # steps without a band (a validation loss every N steps)
     xs, lows, highs = np.asarray(x, dtype=object)[kept], lows[kept], highs[kept]
-    fill = SEED_COLOUR if seeds else FLOOR_COLOUR
+    fill = ROUNDING_COLOUR if rounding else SEED_COLOUR if seeds else FLOOR_COLOUR
     # one run (or runs that agree) gives a band of no width: drawn as its edge, in the band's colour made opaque
     edge = dict(width=2, dash="dot", color=BAND_EDGES[fill]) if np.array_equal(lows, highs) else dict(width=0)
     shown = np.ones(len(xs), dtype=bool)
@@ -276,4 +279,4 @@ def floor_band(fig: go.Figure, x: list, low: Sequence[float], high: Sequence[flo
             band_y += [*lows[piece], *highs[piece][::-1], None]
     fig.add_trace(go.Scatter(x=band_x[:-1], y=band_y[:-1], fill="toself", mode="lines",
                              fillcolor=fill, line=edge, name=name, hoverinfo="skip", showlegend=show,
-                             legendgroup="seeds" if seeds else "floor"), row=row, col=col)
+                             legendgroup="rounding" if rounding else "seeds" if seeds else "floor"), row=row, col=col)

@@ -51,6 +51,15 @@ def noise_ladder(ws: Workspace, reference: str, stat: str, pause: Pause | None) 
     return ws.ladder(repeats, reference=reference, stat=stat, floor=False, pause=pause) if repeats else None
 
 
+def band_ladder(ws: Workspace, reference: str, stat: str, pause: Pause | None) -> Ladder | None:
+    """The reference's band runs of its own precision's rounding against it (the rounding band); None without
+    them."""
+    precision = ws.runs[reference].manifest.precision or "fp32"
+    band = [n for n in ws.roles.band_runs
+            if n in ws.recorded and (ws.runs[n].manifest.perturbation or {}).get("precision") == precision]
+    return ws.ladder(band, reference=reference, stat=stat, floor=False, pause=pause) if band else None
+
+
 def seed_ladder(ws: Workspace, reference: str, stat: str, pause: Pause | None) -> Ladder | None:
     """The other seeds against ``reference`` (or, when it has none, against the first of the seed runs); None
     without them."""

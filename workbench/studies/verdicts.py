@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.analysis.rounding import UNIT_ROUNDOFF, RoundingVerdict, judge, rounding_band
+from workbench.analysis.rounding import UNIT_ROUNDOFF, RoundingBand, RoundingVerdict, judge, rounding_band
 from workbench.config import RunConfig
 from workbench.errors import IncomparableRunsError, WorkbenchError
 from workbench.store.manifest import RunManifest
@@ -97,31 +97,30 @@ def verdict_or_reason(run: Run, reference: Run) -> RoundingVerdict | str:
         return str(err)
 
 
-VERDICT_COLUMNS = ["run", "verdict", "first_step", "first_site", "tolerances", "band"]
+VERDICT_COLUMNS = ["run", "verdict", "first_step", "first_site", "tolerances", "rounding", "band"]
 
 
-def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str], band_names: Sequence[str],
+def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str],
                   records: Callable[[str], RunRecords]) -> pd.DataFrame:
-    """Each run of ``changes`` against ``reference`` and the band of its precision among ``band_names``: its
-    verdict, the first step and site beyond rounding, the tolerances there (the largest anywhere, when within)
-    and the band (runs x margin); a change without a band of two runs says so in its verdict."""
+    """Each run of ``changes`` against ``reference`` and the band of its precision among ``runs``: its verdict,
+    the first step and site beyond rounding, the tolerances there (the largest anywhere, when within) and the
+    band (runs x margin); a change without a band of two runs says so in its verdict."""
     rows = []
-    bands: dict[str, object] = {}
+    bands: dict[str, RoundingBand | None] = {}
     for name in changes:
         precision = band_precision(runs[name], runs[reference])
         if precision not in bands:
-            members = [n for n in band_names if is_band_run(runs[n], runs[reference], precision)]
+            members = [n for n in runs if is_band_run(runs[n], runs[reference], precision)]
             bands[precision] = rounding_band(records(reference), [records(n) for n in members],
                                              precision=precision) if len(members) >= 2 else None
         band = bands[precision]
         if band is None:
             rows.append({"run": name, "verdict": f"no band of {precision}'s rounding", "first_step": None,
-                         "first_site": None, "tolerances": float("nan"), "band": ""})
+                         "first_site": None, "tolerances": float("nan"), "rounding": precision, "band": ""})
             continue
-        verdict = judge(records(name), records(reference), band,  # type: ignore[arg-type]
-                        replicas_parted=runs[name].manifest.replicas_parted)
+        verdict = judge(records(name), records(reference), band, replicas_parted=runs[name].manifest.replicas_parted)
         rows.append({"run": name, "verdict": "within rounding" if verdict.within else "beyond rounding",
                      "first_step": verdict.first_step, "first_site": verdict.first_site,
                      "tolerances": verdict.worst_ratio if verdict.within else verdict.first_ratio,
-                     "band": f"{len(verdict.band_runs)} x {verdict.margin:.3g} ({precision})"})
+                     "rounding": precision, "band": f"{len(verdict.band_runs)} x {verdict.margin:.3g}"})
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS).astype({"first_step": "Int64"})

@@ -113,8 +113,9 @@ def pairs(ws: Workspace, names: Iterable[str] | None = None) -> View:
 def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str | None = None, stat: str = "l2",
            seeds: bool = True, layers: Callable[[str], bool] | None = None) -> View:
     """``names`` (default: the precision and layout changes) against ``reference`` (default: the workspace's),
-    per layer, with the noise floor's and (with ``seeds``) the seed-to-seed bands; with ``layers``, only the
-    layers whose label it keeps (``L0`` ..., ``embedding``, ``output_layer``, ``loss``)."""
+    per layer, with the noise floor's, the rounding band's and (with ``seeds``) the seed-to-seed bands, each run's
+    verdict (bug or rounding) where the reference has band runs; with ``layers``, only the layers whose label it
+    keeps (``L0`` ..., ``embedding``, ``output_layer``, ``loss``)."""
     reference = reference or ws.roles.reference
     chosen = [n for n in (list(names) if names is not None else ws.roles.others) if n != reference]
     if not chosen:
@@ -129,10 +130,20 @@ def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str 
 
     result = kept(ws.ladder(chosen, reference=reference, stat=stat))
     assert result is not None
+    judged = ws.verdicts(chosen) if reference == ws.roles.reference else None
+    verdicts = {str(r.run): _verdict_words(r) for r in judged.itertuples() if r.band} if judged is not None else None
     figure = ladder_figure(result, noise=kept(ws.noise_ladder(reference=reference, stat=stat)),
                            seeds=kept(ws.seed_ladder(reference=reference, stat=stat)) if seeds else None,
+                           rounding=kept(ws.band_ladder(reference=reference, stat=stat)), verdicts=verdicts,
                            provenance=ws.provenance([reference, *chosen]))
     return View(figure, result.summary, indexed=False, result=result)
+
+
+def _verdict_words(row: Any) -> str:
+    """A verdict in a legend's few words: ``within rounding``, or ``beyond rounding, step N`` (``bf16 rounding``
+    where it is held to another precision's than fp32's)."""
+    rounding = "rounding" if row.rounding == "fp32" else f"{row.rounding} rounding"
+    return f"within {rounding}" if row.verdict == "within rounding" else f"beyond {rounding}, step {row.first_step}"
 
 
 def sources(ws: Workspace, stat: str = "l2", *, warmup: int = 2, interval: float = 95.0) -> View:

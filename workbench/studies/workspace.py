@@ -159,12 +159,14 @@ class Workspace:
 
     def verdicts(self, names: Iterable[str] | None = None) -> pd.DataFrame:
         """Bug or rounding: each of ``names`` (default: the precision and layout runs) against the reference's
-        rounding band (``studies.verdicts.verdict_table``; empty without band runs)."""
+        rounding band, its band runs and nondeterministic repeats (``studies.verdicts.verdict_table``; empty
+        without either)."""
         roles, chosen = self.roles, list(self.roles.others if names is None else names)
-        if not roles.band_runs or not chosen:
+        if not (roles.band_runs or roles.nondeterministic_repeats) or not chosen:
             return pd.DataFrame(columns=VERDICT_COLUMNS)
+        recorded = {name: self.runs[name] for name in roles.recorded}
         return self.holding.get("verdicts", tuple(chosen), partial(
-            verdict_table, self.runs, roles.reference, chosen, roles.band_runs, self.records))
+            verdict_table, recorded, roles.reference, chosen, self.records))
 
     @property
     def on_cpu(self) -> bool:
@@ -194,6 +196,11 @@ class Workspace:
                      pause: Pause | None = None) -> Ladder | None:
         """The noise-floor runs against the reference: how far apart mere repeats drift."""
         return measures.noise_ladder(self, reference or self.roles.reference, stat, pause)
+
+    def band_ladder(self, *, reference: str | None = None, stat: str = "l2",
+                    pause: Pause | None = None) -> Ladder | None:
+        """The reference's band runs against it: the rounding a correct change may make, per layer."""
+        return measures.band_ladder(self, reference or self.roles.reference, stat, pause)
 
     def seed_ladder(self, *, reference: str | None = None, stat: str = "l2",
                     pause: Pause | None = None) -> Ladder | None:

@@ -70,7 +70,7 @@ class LadderWidget(WorkbenchWidget):
             return
         ws, reference = self.workspace, self.reference.value
         names = tuple(n for n in self.runs.value if n != reference)
-        ws.preload([reference, *names, *ws.roles.floor_runs, *ws.roles.seed_runs])
+        ws.preload([reference, *names, *ws.roles.floor_runs, *ws.roles.seed_runs, *ws.roles.band_runs])
         ws.read_ahead([partial(_ladders_of, ws, reference, names, stat)
                        for stat in self.stat.options if stat != self.stat.value and names])
 
@@ -153,10 +153,11 @@ class LadderWidget(WorkbenchWidget):
 
 
 def _ladders_of(workspace: Workspace, reference: str, names: tuple[str, ...], stat: str, pause: Pause) -> int:
-    """Compute (held by the workspace) the ladder of ``names`` against ``reference`` and the noise-floor and seed
-    ladders for ``stat``, reading with the background's ``pause``; 0 bytes held beyond the workspace's relative
-    differences (which it counts itself)."""
+    """Compute (held by the workspace) the ladder of ``names`` against ``reference`` and the noise-floor, rounding
+    and seed ladders for ``stat``, reading with the background's ``pause``; 0 bytes held beyond the workspace's
+    relative differences (which it counts itself)."""
     workspace.ladder(names, reference=reference, stat=stat, pause=pause)
     workspace.noise_ladder(reference=reference, stat=stat, pause=pause)
+    workspace.band_ladder(reference=reference, stat=stat, pause=pause)
     workspace.seed_ladder(reference=reference, stat=stat, pause=pause)
     return 0
