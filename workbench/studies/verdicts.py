@@ -57,6 +57,13 @@ def _only_determinism_differs(mine: RunManifest, theirs: RunManifest) -> bool:
     return keys[0] is not None and keys[0] == keys[1]
 
 
+def enough(runs: Sequence[Run]) -> bool:
+    """Whether ``runs`` make a band: two or more with rounding noise added. Nondeterministic repeats add to a band
+    but make none alone: they reorder a few reductions (the emulated embedding atomics, say), not all a layout
+    reorders: the demo's correct TP=2 run leaves the band of its two emulated repeats at step 1, by 2.7 tolerances."""
+    return sum(run.manifest.perturbation is not None for run in runs) >= 2
+
+
 def band_runs(reference: Run, precision: str, *, folder: str | Path | None = None) -> list[Run]:
     """The runs of ``folder`` (default: the reference's own folder's parent) that make ``reference``'s band."""
     where = Path(folder) if folder is not None else reference.path.parent
@@ -78,11 +85,11 @@ def rounding_verdict(run: Run, reference: Run, *, band: Sequence[Run] | None = N
     than two runs is refused, naming the call that records more."""
     precision = band_precision(run, reference)
     runs = list(band) if band is not None else band_runs(reference, precision)
-    if band is None and len(runs) < 2:
+    if band is None and not enough(runs):
         raise IncomparableRunsError(
-            f"{reference.name} has {len(runs)} band run(s) of {precision}'s rounding beside it; a verdict needs two "
-            f"or more: record the reference's loop again with record(..., perturb={precision!r}) (six make a "
-            "calibrated margin: docs/bug-or-rounding.md)")
+            f"{reference.name} has {sum(r.manifest.perturbation is not None for r in runs)} band run(s) of "
+            f"{precision}'s rounding beside it; a verdict needs two or more: record the reference's loop again with "
+            f"record(..., perturb={precision!r}) (six make a calibrated margin: docs/bug-or-rounding.md)")
     records = reference.records()
     return judge(run.records(), records, rounding_band(records, [r.records() for r in runs], precision=precision),
                  replicas_parted=run.manifest.replicas_parted)
@@ -104,7 +111,7 @@ def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str
                   records: Callable[[str], RunRecords]) -> pd.DataFrame:
     """Each run of ``changes`` against ``reference`` and the band of its precision among ``runs``: its verdict,
     the first step and site beyond rounding, the tolerances there (the largest anywhere, when within) and the
-    band (runs x margin); a change without a band of two runs says so in its verdict."""
+    band (runs x margin); a change without a band (``enough``) says so in its verdict."""
     rows = []
     bands: dict[str, RoundingBand | None] = {}
     for name in changes:
@@ -112,7 +119,7 @@ def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str
         if precision not in bands:
             members = [n for n in runs if is_band_run(runs[n], runs[reference], precision)]
             bands[precision] = rounding_band(records(reference), [records(n) for n in members],
-                                             precision=precision) if len(members) >= 2 else None
+                                             precision=precision) if enough([runs[n] for n in members]) else None
         band = bands[precision]
         if band is None:
             rows.append({"run": name, "verdict": f"no band of {precision}'s rounding", "first_step": None,

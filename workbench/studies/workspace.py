@@ -160,9 +160,9 @@ class Workspace:
     def verdicts(self, names: Iterable[str] | None = None) -> pd.DataFrame:
         """Bug or rounding: each of ``names`` (default: the precision and layout runs) against the reference's
         rounding band, its band runs and nondeterministic repeats (``studies.verdicts.verdict_table``; empty
-        without either)."""
+        without two band runs)."""
         roles, chosen = self.roles, list(self.roles.others if names is None else names)
-        if not (roles.band_runs or roles.nondeterministic_repeats) or not chosen:
+        if len(roles.band_runs) < 2 or not chosen:
             return pd.DataFrame(columns=VERDICT_COLUMNS)
         recorded = {name: self.runs[name] for name in roles.recorded}
         return self.holding.get("verdicts", tuple(chosen), partial(
