@@ -59,7 +59,9 @@ def row(case: str, kind: str, expected: str, verdict: object, l2: float, where: 
             "right": ("within" if verdict.within else "beyond") == expected,
             "first": "-" if verdict.within else f"{verdict.first_step} {verdict.first_site}",
             "ratio": verdict.first_ratio if not verdict.within else verdict.worst_ratio,
-            "compare_first": "-" if where[0] is None else f"{where[0]} {where[1]}", "final_l2": l2}
+            "compare_first": "-" if where[0] is None else f"{where[0]} {where[1]}", "final_l2": l2,
+            "analytic": f"{int(verdict.analytic['beyond'].sum())} of {len(verdict.analytic)}"
+            if not verdict.analytic.empty else "-"}
 
 
 def user_loop(out: Path) -> list[dict[str, object]]:
@@ -171,11 +173,13 @@ def runner(out: Path) -> list[dict[str, object]]:
 
 def markdown(rows: list[dict[str, object]]) -> str:
     lines = ["| case | what it is | expected | verdict | right | first beyond (step, site) | tolerances there "
-             "(worst, when within) | compare's first (step, site) | final rel. L2 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(worst, when within) | compare's first (step, site) | final rel. L2 | gradients beyond the analytic "
+             "bound, step 0 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['kind']} | {r['expected']} | {r['verdict']} | {'yes' if r['right'] else 'NO'}"
-                     f" | {r['first']} | {r['ratio']:.3g} | {r['compare_first']} | {r['final_l2']:.2g} |")
+                     f" | {r['first']} | {r['ratio']:.3g} | {r['compare_first']} | {r['final_l2']:.2g} "
+                     f"| {r['analytic']} |")
     return "\n".join(lines)
 
 

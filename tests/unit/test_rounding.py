@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from workbench.analysis.rounding import MIN_MARGIN, judge, rounding_band
+from workbench.analysis.rounding import MIN_MARGIN, analytic_bound, analytic_check, judge, rounding_band
 from workbench.errors import IncomparableRunsError
 from workbench.statistics import STAT_NAMES, fingerprint_reference, stats_reference
 from workbench.store.records import RunRecords
@@ -147,3 +147,22 @@ def test_replicas_that_parted_are_beyond_rounding_at_their_step_and_site(corpus:
     # a site beyond the band before the parting keeps the verdict where it was
     bug = judge(corpus["bug"], corpus["ref"], band, replicas_parted={**parted, "step": 3})
     assert (bug.first_step, bug.first_site, bug.parted_rank) == (2, "act:layers.0.mlp", None)
+
+
+def test_the_analytic_bound_cross_checks_the_first_steps_gradients(corpus: dict[str, RunRecords]) -> None:
+    # Megatron-LM's constants (k = 4, C = 1.03) and machine epsilon: deeper layers are allowed more
+    assert analytic_bound(1) == pytest.approx(4 * 1.03 * 2.0 ** -23)
+    assert analytic_bound(3, "bf16") == pytest.approx(4 * 1.03 ** 3 * 2.0 ** -7)
+    assert analytic_bound(3, "bf16") > analytic_bound(3) > analytic_bound(1)
+    held = analytic_check(corpus["p7"], corpus["ref"])
+    assert list(held["site"]) == ["grad:layers.0.mlp.linear_fc1.weight"] and not held["beyond"].any()
+    assert held.loc[0, "depth"] == 1 and 0 < held.loc[0, "norm_change"] < held.loc[0, "bound"]
+    reference = tensors()
+    moved = rounded(reference, 60)
+    site = "grad:layers.0.mlp.linear_fc1.weight"
+    moved[0, site] = moved[0, site] * np.float32(1 + 2.0 ** -12)
+    check = analytic_check(run_of("moved", moved), corpus["ref"])
+    assert check["beyond"].tolist() == [True]
+    band = rounding_band(corpus["ref"], [corpus[f"p{i}"] for i in range(4)])
+    verdict = judge(run_of("moved", moved), corpus["ref"], band)
+    assert verdict.to_dict()["analytic_beyond"] == [site] and "1 of 1 gradients" in verdict.summary()

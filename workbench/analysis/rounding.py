@@ -36,7 +36,7 @@ import pandas as pd
 from workbench.analysis.difference import first_true
 from workbench.analysis.tolerance import TOLERANCE_QUANTITIES, site_differences
 from workbench.errors import IncomparableRunsError
-from workbench.sites import KINDS, split_site
+from workbench.sites import KINDS, layer_of, split_site
 from workbench.store.records import RunRecords
 
 HELD_OUT_FACTOR = 2.0
@@ -99,6 +99,16 @@ class RoundingVerdict:
     parted_rank: int | None = None
     """Where the first site beyond is a replicated tensor whose copies parted: the TP rank whose copy differs
     from rank 0's (the run's ``replicas_parted``); None otherwise."""
+    analytic: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    """The cross-check at the first step: each reduced gradient against TTrace's analytic bound
+    (``analytic_check``); empty where the runs record no gradient."""
+
+    def analytic_words(self) -> str:
+        """The cross-check in a few words: how many gradients at the first step are beyond the analytic bound."""
+        if self.analytic.empty:
+            return "no gradients to hold to the analytic bound"
+        beyond = int(self.analytic["beyond"].sum())
+        return f"analytic bound: {beyond} of {len(self.analytic)} gradients of the first step beyond it"
 
     def to_dict(self) -> dict[str, object]:
         """The verdict as JSON types (a ratio over a zero band is the string ``"inf"``), without the table."""
@@ -109,7 +119,9 @@ class RoundingVerdict:
                 else "beyond rounding", "within": self.within, "first_step": self.first_step,
                 "first_site": self.first_site, "first_ratio": number(self.first_ratio),
                 "worst_ratio": number(self.worst_ratio), "worst_step": self.worst_step, "worst_site": self.worst_site,
-                "band_runs": list(self.band_runs), "margin": self.margin, "parted_tp_rank": self.parted_rank}
+                "band_runs": list(self.band_runs), "margin": self.margin, "parted_tp_rank": self.parted_rank,
+                "analytic_beyond": [str(site) for site in self.analytic.loc[self.analytic["beyond"], "site"]]
+                if not self.analytic.empty else [], "analytic_checked": len(self.analytic)}
 
     def summary(self) -> str:
         """One line: within rounding, or beyond it and where to look."""
@@ -117,14 +129,15 @@ class RoundingVerdict:
         band = f"band of {len(self.band_runs)} runs{few} x margin {self.margin:.3g}"
         if self.within:
             return (f"{self.run} vs {self.reference}: within rounding at every step and site "
-                    f"(largest {self.worst_ratio:.3g} of the tolerance; {band})")
+                    f"(largest {self.worst_ratio:.3g} of the tolerance; {band}; {self.analytic_words()})")
         if self.parted_rank is not None:
             return (f"{self.run} vs {self.reference}: beyond rounding from step {self.first_step}: look at "
                     f"{self.first_site}, whose copy on TP rank {self.parted_rank} differs from TP rank 0's (replicas "
-                    f"of one tensor agree bitwise in a correct run; {band})")
+                    f"of one tensor agree bitwise in a correct run; {band}; {self.analytic_words()})")
         return (f"{self.run} vs {self.reference}: beyond rounding from step {self.first_step}: look at "
                 f"{self.first_site} ({_times(self.first_ratio)} the tolerance there; largest "
-                f"{_times(self.worst_ratio)} at step {self.worst_step}, {self.worst_site}; {band})")
+                f"{_times(self.worst_ratio)} at step {self.worst_step}, {self.worst_site}; {band}; "
+                f"{self.analytic_words()})")
 
 
 def _times(ratio: float) -> str:
@@ -220,6 +233,7 @@ def judge(run: RunRecords, reference: RunRecords, band: RoundingBand, *,
     worst_ratio = float(ratio[worst])
     first = first_true(frame > 1.0)
     verdict = RoundingVerdict(
+        analytic=analytic_check(run, reference, step=steps[0], precision=band.precision),
         run=run.name, reference=reference.name, band_runs=band.runs, margin=band.margin, within=first is None,
         first_step=None if first is None else first.step, first_site=None if first is None else first.site,
         first_ratio=math.nan if first is None else float(frame.loc[first.step, first.site]),
@@ -239,3 +253,41 @@ def _before(site: str, other: str, order: list[str]) -> bool:
         return order.index(site) < order.index(other)
     kinds = list(KINDS)
     return kinds.index(split_site(site)[0]) <= kinds.index(split_site(other)[0])
+
+
+MACHINE_EPSILON = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10, "fp8": 2.0 ** -7}
+"""Machine epsilon as Megatron-LM's bound takes it (fp8: bf16's, per TTrace's theorem 5.3)."""
+
+
+def analytic_bound(depth: int, precision: str = "fp32", *, k: float = 4.0, c: float = 1.03) -> float:
+    """TTrace's per-layer bound on a gradient's relative Frobenius difference under another reduction order,
+    ``k * c ** depth * eps`` (arXiv 2506.09280, theorem 5.3; the constants Megatron-LM's functional tests use):
+    ``depth`` counts the layers from the top (the output layer 1, the embedding the deepest)."""
+    return float(k * c ** max(depth, 0) * MACHINE_EPSILON[precision])
+
+
+def analytic_check(run: RunRecords, reference: RunRecords, *, step: int = 0, precision: str = "fp32") -> pd.DataFrame:
+    """The cross-check of a verdict: each reduced gradient (``grad``) at ``step`` against ``analytic_bound``. The
+    records hold each tensor's norm, not the difference's: ``| ||g|| - ||g_ref|| | / ||g_ref||`` is at most the
+    relative difference the bound holds, so a gradient whose norm moves by more is beyond the bound for certain,
+    and one whose norm moves by less may or may not be. One row per gradient: site, depth, norm_change, bound,
+    beyond."""
+    columns = ["site", "depth", "norm_change", "bound", "beyond"]
+    steps, sites = _aligned([reference, run])
+    grads = [s for s in sites if split_site(s)[0] == "grad"]
+    if step not in steps or not grads:
+        return pd.DataFrame(columns=columns)
+    layers = [layer_of(split_site(s)[1]) for s in grads]
+    top = max((layer for layer in layers if layer is not None), default=-1) + 1
+    a = reference.stats.sel(step=step, site=grads, stat="l2").to_numpy()
+    b = run.stats.sel(step=step, site=grads, stat="l2").to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = np.where(a > 0, np.abs(b - a) / np.where(a > 0, a, 1.0), np.where(a == b, 0.0, np.inf))
+    rows = []
+    for site, layer, moved in zip(grads, layers, change, strict=True):
+        name = split_site(site)[1]
+        depth = top + 1 if name.startswith("embedding") else top - layer if layer is not None else 1
+        bound = analytic_bound(depth, precision)
+        rows.append({"site": site, "depth": depth, "norm_change": float(moved), "bound": bound,
+                     "beyond": bool(moved > bound)})
+    return pd.DataFrame(rows, columns=columns)
