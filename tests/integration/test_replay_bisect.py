@@ -51,7 +51,7 @@ def test_bisect_finds_the_emulated_nondeterministic_embedding_gradient(mini_demo
     origin = result.operation.origin
     assert result.operation.verdict == "origin"
     assert (origin.phase, origin.scope, origin.op) == ("backward", "embedding.word_embeddings", "randperm")
-    source = Path(__file__).resolve().parents[2] / "workbench" / "runner" / "nondeterminism.py"
+    source = Path(__file__).resolve().parents[2] / "workbench" / "recorder" / "nondeterminism.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "torch.randperm(flat_index" in text)
     assert origin.source.startswith(f"workbench/recorder/nondeterminism.py:{line}"), origin.source  # the README's line
     assert json.loads((tmp_path / "bisect.json").read_text())["operation"]["origin"]["op"] == "randperm"

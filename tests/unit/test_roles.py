@@ -37,14 +37,15 @@ def test_roles_come_from_the_manifests_alone() -> None:
 def test_runs_of_other_code_are_never_repeats_and_band_runs_are_a_role_of_their_own() -> None:
     loop = {"tp": 2, "lr": 1e-3, "run_dir": "/runs/a", "save": "ckpt"}
     infos = {"a": info("a", user_config=loop, revision="abc"),
-             "a-again": info("a-again", user_config={**loop, "run_dir": "/runs/a-again", "save": "other"},
-                             revision="abc"),
+             "a-again": info("a-again", user_config={**loop, "run_dir": "/runs/a-again", "save": "other",
+                                                     "eval_every": 2, "log_interval": 5}, revision="abc"),
              "bugged": info("bugged", user_config={**loop, "bug": "tp_partial_scale"}, revision="abc"),
              "later": info("later", user_config=loop, revision="def"),
              "p1": info("p1", user_config=loop, revision="abc", perturbation={"precision": "fp32"}),
              "p2": info("p2", user_config=loop, revision="abc", perturbation={"precision": "fp32"})}
     roles = find_roles(infos, infos)
-    # where it writes and what it is called are no code; a flag of the loop's and the revision are
+    # where it writes, what it is called and how often it evaluates or logs are no code; a flag of the loop's and
+    # the revision are
     assert roles.repeat_groups == [["a", "a-again"]]
     assert roles.band_runs == ["p1", "p2"] and repeat_key(infos["p1"]) is None
     assert roles.reference == "a" and set(roles.others) == {"bugged", "later"}

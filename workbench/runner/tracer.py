@@ -48,6 +48,9 @@ SCOPE_KEY = "workbench_scope"
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 _RECORDER_DIR = os.path.join(os.path.dirname(os.path.dirname(_THIS_FILE)), "recorder")
+_IN_THE_TRAINING = tuple(os.path.join(_RECORDER_DIR, name) for name in ("nondeterminism.py", "rounding.py"))
+"""Files of the recorder's folder whose operations are the training's own: the emulated nondeterminism and a band
+run's rounding noise (traced as what the step computed, not left out as the recorder's reads)."""
 _PASS_THROUGH = (_THIS_FILE, os.path.join(os.path.dirname(_THIS_FILE), "cpu_compat.py"))
 """Frames that only forward a call (this tracer, the CPU device-rewriting function mode)."""
 _UNDEFINED_OUTPUT = {"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
@@ -93,7 +96,8 @@ def _caller(frame: FrameType | None) -> tuple[str | None, bool]:
         if path.startswith(_TORCH_DIR) and frame.f_code.co_name in ("backward", "_engine_run_backward"):
             return None, False
         if not _is_library(path):
-            return f"{_short(path)}:{frame.f_lineno} in {frame.f_code.co_name}", path.startswith(_RECORDER_DIR)
+            return (f"{_short(path)}:{frame.f_lineno} in {frame.f_code.co_name}",
+                    path.startswith(_RECORDER_DIR) and not path.startswith(_IN_THE_TRAINING))
         frame = frame.f_back
     return None, False
 

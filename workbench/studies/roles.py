@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase as fnmatch
 
 from workbench.analysis.sources import source_label
 from workbench.config import RunConfig
@@ -62,20 +63,21 @@ def repeat_key(info: RunManifest, *, seed: bool = True) -> tuple[object, ...] | 
             *machine)
 
 
-RUN_PLACES = frozenset({"run_dir", "name", "save", "load", "tensorboard_dir", "wandb_exp_name", "wandb_save_dir",
-                        "wandb_project", "data_cache_path", "log_dir", "output_dir", "seed", "perturb", "emulate"})
-"""Keys of a ``user_config`` that say where a run writes or what it is called, not what it computes: two repeats
-of one loop differ in them. And those the manifest holds in fields of their own: the seed, and the workbench's
-own switches a loop passes on (``record(..., perturb=, emulate=)``)."""
+NOT_CODE = ("run_dir", "name", "seed", "perturb", "emulate", "save*", "load*", "*_dir", "*_path", "*_interval",
+            "eval_*", "log_*", "wandb_*", "tensorboard_*", "timing_*", "exit_*")
+"""Patterns of ``user_config`` keys that say where a run writes, what it is called, how often it logs, saves or
+evaluates (Megatron-LM's ``save``, ``tensorboard_dir``, ``log_interval``, ``eval_iters`` ...), not what its
+training computes: two repeats of one loop may differ in them. And those the manifest holds in fields of its
+own: the seed, and the workbench's switches a loop passes on (``record(..., perturb=, emulate=)``)."""
 
 
 def code_key(info: RunManifest) -> tuple[object, ...]:
-    """What says which code made a run, where recorded: its ``user_config`` less the places it writes to
-    (``RUN_PLACES``, and any value that is a path), and the revision of the code. Runs that differ in either
-    are never repeats of one another."""
+    """What says which code made a run, where recorded: its ``user_config`` less what does not shape its numbers
+    (``NOT_CODE``, and any value that is a path), and the revision of the code. Runs that differ in either are
+    never repeats of one another."""
     key: list[object] = []
     if info.user_config is not None:
-        numerics = {k: v for k, v in info.user_config.items() if k not in RUN_PLACES
+        numerics = {k: v for k, v in info.user_config.items() if not any(fnmatch(k, p) for p in NOT_CODE)
                     and not (isinstance(v, str) and ("/" in v or "\\" in v))}
         key.append(("user_config", json.dumps(numerics, sort_keys=True, default=str)))
     if info.revision is not None:
