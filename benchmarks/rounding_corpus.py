@@ -11,8 +11,8 @@ Two halves, on the CPU:
   first is where the verdict must name it.
 * **The runner** (benchmarks/corpus/runner.toml): a TP=1 reference, its band runs of fp32's and of bf16's rounding,
   the correct layouts the runner supports (TP=2, TP=2 + SP, PP=2, PP=2 x VP=2, DP=2 with and without the
-  distributed optimizer and overlap), bf16 against bf16's band, and an injected scale of one module's output; and
-  (runner_moe.toml) a MoE model's reference, its band runs and EP=2.
+  distributed optimizer and overlap), bf16 against bf16's band, its four layout bugs (``config.LAYOUT_BUGS``) and an
+  injected scale of one module's output; and (runner_moe.toml) a MoE model's reference, its band runs and EP=2.
 
 It prints the confusion table (case, what it is, the verdict, where, by how many tolerances) and writes it, as
 Markdown, to OUT/corpus.md, with each half's wall time.
@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers.training import train_user_loop  # noqa: E402
 from workbench.analysis.compare import compare  # noqa: E402
-from workbench.analysis.rounding import judge, rounding_band  # noqa: E402
-from workbench.store.reader import open_run  # noqa: E402
+from workbench.analysis.rounding import RoundingBand, RoundingVerdict, judge, rounding_band  # noqa: E402
+from workbench.config import LAYOUT_BUGS  # noqa: E402
+from workbench.store.reader import Run, open_run  # noqa: E402
 
 STEPS = ("--steps", "8", "--eval-every", "0")
 BAND, HELD_OUT = 6, 2
@@ -43,6 +44,8 @@ USER_BUGS = {"tp_partial_scale": ("--tp", "2"), "sp_norm_unreduced": ("--tp", "2
              "replica_not_updated": ("--tp", "2"), "loss_scaled_twice": ("--tp", "2"),
              "attention_scale": ("--tp", "2"), "tp_grad_averaged": ("--tp", "2")}
 USER_CORRECT = {"tp2": ("--tp", "2"), "tp2-sp": ("--tp", "2", "--sp")}
+RUNNER_BUGS = list(LAYOUT_BUGS)
+"""The runner's layout bugs (benchmarks/corpus/runner.toml): each a run at TP=2 with ``fault.kind = "layout_bug"``."""
 
 
 def final_l2(reference: object, run: object) -> float:
@@ -92,15 +95,14 @@ def user_loop(out: Path) -> list[dict[str, object]]:
     return rows
 
 
-def swept(study: str, out: Path, last: str) -> dict[str, object]:
-    """The records of the runs of ``benchmarks/corpus/STUDY.toml``, swept into ``out`` unless its ``last`` run is
-    there already."""
+def swept(study: str, out: Path, last: str) -> dict[str, Run]:
+    """The runs of ``benchmarks/corpus/STUDY.toml``, swept into ``out`` unless its ``last`` run is there already."""
     from workbench.cli import main as cli
 
     if not (out / last / "run.zarr").exists():
         if cli(["sweep", str(ROOT / "benchmarks" / "corpus" / f"{study}.toml"), "--out", str(out)]) != 0:
             raise SystemExit(f"the sweep of {study}.toml failed")
-    return {path.name: open_run(path).records() for path in sorted(out.iterdir()) if (path / "run.zarr").exists()}
+    return {path.name: open_run(path) for path in sorted(out.iterdir()) if (path / "run.zarr").exists()}
 
 
 def calibration(out: Path) -> str:
@@ -145,24 +147,33 @@ def calibration(out: Path) -> str:
 
 
 def runner(out: Path) -> list[dict[str, object]]:
-    records = swept("runner", out, "scaled-mlp")
+    runs = swept("runner", out, "bug-tp_grad_averaged")
+    records = {name: run.records() for name, run in runs.items()}
     reference = records["ref"]
     fp32 = rounding_band(reference, [records[f"band-r{i}"] for i in range(BAND)])
     bf16 = rounding_band(reference, [records[f"band-bf16-r{i}"] for i in range(BAND)], precision="bf16")
-    rows = [row(f"band-r{i}", "held-out band run", "within", judge(records[f"band-r{i}"], reference, fp32),
+
+    def judged(name: str, band: RoundingBand = fp32) -> RoundingVerdict:
+        return judge(records[name], reference, band, replicas_parted=runs[name].manifest.replicas_parted)
+
+    rows = [row(f"band-r{i}", "held-out band run", "within", judged(f"band-r{i}"),
                 final_l2(reference, records[f"band-r{i}"]), (None, None)) for i in range(BAND, BAND + HELD_OUT)]
     for name in ("tp2", "tp2-sp", "pp2", "pp2-vp2", "dp2", "dp2-zero1"):
-        rows.append(row(name, "correct layout", "within", judge(records[name], reference, fp32),
-                        final_l2(reference, records[name]), (None, None)))
-    rows.append(row("bf16", "correct precision (bf16 band)", "within", judge(records["bf16"], reference, bf16),
+        rows.append(row(name, "correct layout", "within", judged(name), final_l2(reference, records[name]),
+                        (None, None)))
+    rows.append(row("bf16", "correct precision (bf16 band)", "within", judged("bf16", bf16),
                     final_l2(reference, records["bf16"]), (None, None)))
-    rows.append(row("bf16 vs fp32 band", "precision held to fp32's rounding", "beyond",
-                    judge(records["bf16"], reference, fp32), final_l2(reference, records["bf16"]), (None, None)))
+    rows.append(row("bf16 vs fp32 band", "precision held to fp32's rounding", "beyond", judged("bf16"),
+                    final_l2(reference, records["bf16"]), (None, None)))
+    for bug in RUNNER_BUGS:
+        correct = "tp2-sp" if bug == "sp_norm_unreduced" else "tp2"
+        found = compare(records[correct], records[f"bug-{bug}"])
+        rows.append(row(f"bug-{bug}", f"layout bug (against {correct})", "beyond", judged(f"bug-{bug}"),
+                        final_l2(records[correct], records[f"bug-{bug}"]), (found.first_step, found.first_site)))
     found = compare(reference, records["scaled-mlp"])
-    rows.append(row("scaled-mlp", "fault: act:layers.2.mlp x 1.001 at step 1", "beyond",
-                    judge(records["scaled-mlp"], reference, fp32), final_l2(reference, records["scaled-mlp"]),
-                    (found.first_step, found.first_site)))
-    moe = swept("runner_moe", out.parent / "runner-moe", "ep2")
+    rows.append(row("scaled-mlp", "fault: act:layers.2.mlp x 1.001 at step 1", "beyond", judged("scaled-mlp"),
+                    final_l2(reference, records["scaled-mlp"]), (found.first_step, found.first_site)))
+    moe = {name: run.records() for name, run in swept("runner_moe", out.parent / "runner-moe", "ep2").items()}
     band = rounding_band(moe["ref"], [moe[f"band-r{i}"] for i in range(BAND)])
     rows += [row(f"moe band-r{i}", "held-out band run (MoE)", "within", judge(moe[f"band-r{i}"], moe["ref"], band),
                  final_l2(moe["ref"], moe[f"band-r{i}"]), (None, None)) for i in range(BAND, BAND + HELD_OUT)]

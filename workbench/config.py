@@ -37,6 +37,22 @@ class FaultKind(StrEnum):
     NONE = "none"
     BITFLIP = "bitflip"
     SCALE = "scale"
+    LAYOUT_BUG = "layout_bug"
+
+
+LAYOUT_BUGS: dict[str, str] = {
+    "tp_partial_scale": "layer 1's attention projection (row-parallel) scales its partial sum by 1 + 2**-10 on TP "
+                        "rank 1",
+    "sp_norm_unreduced": "layer 1's pre-MLP norm weight not marked sequence_parallel: its gradient is never summed "
+                         "over the TP ranks' sequence shards",
+    "replica_not_updated": "the final norm's weight (replicated over TP) gets no gradient on TP rank 1, so only "
+                           "rank 0 updates it",
+    "tp_grad_averaged": "layer 0's MLP output weight (row-parallel) has its gradient halved on TP rank 1, as if "
+                        "averaged over the TP ranks that each hold a different shard",
+}
+"""Layout bugs a run can carry on purpose (``fault.kind = "layout_bug"``), each of a kind Megatron-LM has had: the
+bug-or-rounding corpus (docs/bug-or-rounding.md). Each needs TP >= 2 and PP = 1; ``sp_norm_unreduced`` needs
+sequence parallelism."""
 
 
 class CheckpointFormat(StrEnum):
@@ -355,10 +371,15 @@ class FaultConfig:
     """Bit flip: the bit, 0 = least significant; 30 is the top exponent bit of an fp32 number."""
     factor: float = 1000.0
     """Scale: the factor."""
+    bug: str = ""
+    """Layout bug: which (``LAYOUT_BUGS``); it acts from step 0 on, wherever the bug is."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _enum(FaultKind, self.kind, "fault.kind"))
         if self.kind is FaultKind.NONE:
+            return
+        if self.kind is FaultKind.LAYOUT_BUG:
+            _require(self.bug in LAYOUT_BUGS, "fault.bug", self.bug, f"one of {', '.join(LAYOUT_BUGS)}")
             return
         kind, name = split_site(self.site)
         _require(kind in ("act", "grad") and name != "", "fault.site", self.site,
@@ -373,6 +394,8 @@ class FaultConfig:
     def describe(self) -> str:
         if self.kind is FaultKind.NONE:
             return "none"
+        if self.kind is FaultKind.LAYOUT_BUG:
+            return f"layout bug {self.bug}: {LAYOUT_BUGS[self.bug]}"
         what = f"flip bit {self.bit} of element {self.index}" if self.kind is FaultKind.BITFLIP \
             else f"multiply by {self.factor:g}"
         return f"{what} of {self.site} at step {self.step}"
@@ -439,6 +462,10 @@ class RunConfig:
         _require(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint_every",
                  self.checkpoint_every, "a whole number >= 0 (0 = no checkpoints)")
         m, lay = self.model, self.layout
+        if self.fault.kind is FaultKind.LAYOUT_BUG:
+            _require(lay.tp >= 2 and lay.pp == 1 and (lay.sp or self.fault.bug != "sp_norm_unreduced"), "fault.bug",
+                     self.fault.bug, "a layout bug in a run with layout.tp >= 2 and layout.pp = 1 (and layout.sp "
+                     "for sp_norm_unreduced)")
         per_step = self.micro_batch_size * lay.dp
         _require(self.global_batch_size % per_step == 0, "global_batch_size", self.global_batch_size,
                  f"a multiple of micro_batch_size x layout.dp = {per_step}")
@@ -573,6 +600,8 @@ class RunConfig:
             data["layout"] = layout_fields
         if data["fault"]["kind"] == FaultKind.NONE.value:
             data.pop("fault")  # runs without a fault keep the hash they had before faults existed
+        elif not data["fault"]["bug"]:
+            data["fault"].pop("bug")  # nor do the faults that are no layout bug, before layout bugs existed
         text = json.dumps(data, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

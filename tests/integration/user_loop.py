@@ -34,6 +34,12 @@ used them (gathered by then, under ``overlap_param_gather`` too), the fully redu
 reduced shards gathered from every data-parallel rank, by Megatron DDP's own even split of the bucket) and the
 updated parameters (gathered likewise) minus those.
 
+The bug-or-rounding corpus (tests/integration/test_bug_or_rounding.py, benchmarks/rounding_corpus.py): ``--sp``
+trains with sequence parallelism (the runner's norm that takes it, where Transformer Engine's would);
+``--perturb PRECISION`` makes a band run (``record(..., perturb=...)``); ``--emulate SOURCE,...`` puts on the
+CPU emulations of GPU nondeterminism (``record(..., emulate=[...])``); ``--bug NAME`` injects one of ``BUGS`` (the
+runner's layout bugs, by the runner's own function, and two of the loop's own).
+
 ``--against REF`` records with a live reference (``record(..., against=REF)``, flushing every
 ``--flush-every`` steps, ``--keep-going``); a ``RunDiverged`` ends the process with exit code 3 and the
 departure on stdout, on every rank.
@@ -55,10 +61,11 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from workbench.config import RecordConfig
+from workbench.config import LAYOUT_BUGS, RecordConfig
 from workbench.errors import RunDiverged
 from workbench.recorder import record
 from workbench.runner import cpu_compat
+from workbench.runner.faults import inject_layout_bug
 
 SEQ, VOCAB, MICRO_BATCH = 16, 128, 2
 
@@ -190,36 +197,20 @@ class Expected:
 
 
 BUGS = {
-    "tp_partial_scale": "layer 1's attention projection (row-parallel) scales its partial sum by 1 + 2**-10 on TP "
-                        "rank 1",
-    "sp_norm_unreduced": "layer 1's pre-MLP norm weight not marked sequence_parallel: its gradient is never summed "
-                         "over the TP ranks' sequence shards",
-    "replica_not_updated": "the final norm's weight (replicated over TP) gets no gradient on TP rank 1, so only "
-                           "rank 0 updates it",
+    **LAYOUT_BUGS,  # the runner's layout bugs (fault.kind = "layout_bug"), injected by the same function
     "loss_scaled_twice": "the loss function divides by the micro-batch count that the schedule divides by already",
     "attention_scale": "layer 0's attention on TP rank 1 scales its scores by 1 + 2**-9 more (a softmax scale taken "
                        "from another head count)",
-    "tp_grad_averaged": "layer 0's MLP output weight (row-parallel) has its gradient halved on TP rank 1, as if "
-                        "averaged over the TP ranks that each hold a different shard",
 }
 """The layout bugs of the corpus (``--bug``), each of a kind Megatron-LM has had."""
 
 
 def inject(bug: str | None, lm: torch.nn.Module) -> None:
     """Put ``bug`` (``BUGS``) into the model before training; the loss's bug is the loss function's."""
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    modules = dict(lm.named_modules())
-    if bug == "tp_partial_scale" and tp_rank == 1:
-        modules["decoder.layers.1.self_attention.linear_proj"].register_forward_pre_hook(
-            lambda module, inputs: (inputs[0] * (1 + 2.0 ** -10), *inputs[1:]))
-    if bug == "sp_norm_unreduced":
-        modules["decoder.layers.1.pre_mlp_layernorm"].weight.sequence_parallel = False
-    if bug == "attention_scale" and tp_rank == 1:
-        modules["decoder.layers.0.self_attention.core_attention"].softmax_scale *= 1 + 2.0 ** -9
-    if bug == "tp_grad_averaged" and tp_rank == 1:
-        modules["decoder.layers.0.mlp.linear_fc2"].weight.register_hook(lambda grad: grad / 2)
-    if bug == "replica_not_updated" and tp_rank == 1:
-        modules["decoder.final_layernorm"].weight.register_hook(lambda grad: torch.zeros_like(grad))
+    if bug in LAYOUT_BUGS:
+        inject_layout_bug(bug, lm)
+    if bug == "attention_scale" and parallel_state.get_tensor_model_parallel_rank() == 1:
+        dict(lm.named_modules())["decoder.layers.0.self_attention.core_attention"].softmax_scale *= 1 + 2.0 ** -9
 
 
 def batches(step: int, rank_seed: int, count: int) -> list[torch.Tensor]:

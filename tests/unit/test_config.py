@@ -149,3 +149,23 @@ def test_a_run_of_more_steps_than_a_store_can_plan_is_refused(tmp_path: Path) ->
     path.write_text(f'name = "long"\nsteps = {10**12}\n')
     with pytest.raises(ConfigError, match="steps = 1000000000000.*at most 100,000,000"):
         load_run_config(path)
+
+
+def test_a_layout_bug_is_named_and_needs_the_layout_it_lives_in() -> None:
+    from workbench.config import LAYOUT_BUGS
+
+    bugged = RunConfig.from_dict({"name": "b", "layout": {"tp": 2}, "fault": {"kind": "layout_bug",
+                                                                             "bug": "replica_not_updated"}})
+    assert bugged.fault.describe() == f"layout bug replica_not_updated: {LAYOUT_BUGS['replica_not_updated']}"
+    assert bugged.numerics_hash() != bugged.with_overrides({"fault.kind": "none"}).numerics_hash()
+    with pytest.raises(ConfigError, match="fault.bug = 'nope' is not allowed: one of tp_partial_scale"):
+        RunConfig.from_dict({"name": "b", "layout": {"tp": 2}, "fault": {"kind": "layout_bug", "bug": "nope"}})
+    with pytest.raises(ConfigError, match=r"layout.tp >= 2 and layout.pp = 1 \(and layout.sp for sp_norm"):
+        RunConfig.from_dict({"name": "b", "fault": {"kind": "layout_bug", "bug": "tp_partial_scale"}})
+    with pytest.raises(ConfigError, match="fault.bug = 'sp_norm_unreduced'"):
+        RunConfig.from_dict({"name": "b", "layout": {"tp": 2}, "fault": {"kind": "layout_bug",
+                                                                         "bug": "sp_norm_unreduced"}})
+    # a fault that is no layout bug keeps the hash it had before layout bugs existed: the value the workbench
+    # computed then (f9d25bb)
+    flip = RunConfig.from_dict({"name": "f", "fault": {"kind": "bitflip", "site": "act:layers.1.mlp", "step": 3}})
+    assert "bug" in flip.to_dict()["fault"] and flip.numerics_hash() == "92faf9cfaf1a8348"

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from workbench.analysis.rounding import MIN_MARGIN, analytic_bound, analytic_check, judge, rounding_band
+from workbench.analysis.rounding import MAX_MARGIN, MIN_MARGIN, analytic_bound, analytic_check, judge, rounding_band
 from workbench.errors import IncomparableRunsError
 from workbench.statistics import STAT_NAMES, fingerprint_reference, stats_reference
 from workbench.store.records import RunRecords
@@ -166,3 +166,16 @@ def test_the_analytic_bound_cross_checks_the_first_steps_gradients(corpus: dict[
     band = rounding_band(corpus["ref"], [corpus[f"p{i}"] for i in range(4)])
     verdict = judge(run_of("moved", moved), corpus["ref"], band)
     assert verdict.to_dict()["analytic_beyond"] == [site] and "1 of 1 gradients" in verdict.summary()
+
+
+def test_a_band_whose_runs_disagree_far_beyond_rounding_gives_no_verdict(corpus: dict[str, RunRecords]) -> None:
+    # one band run took another path at step 3 (a MoE token routed to another expert): its left-out ratio, and so
+    # the margin, is far past MAX_MARGIN; a tolerance that wide would pass the bug
+    reference = tensors()
+    strayed = rounded(reference, 70)
+    strayed[3, "act:layers.0"] = strayed[3, "act:layers.0"] * np.float32(1.01)
+    band = rounding_band(corpus["ref"], [corpus["p0"], corpus["p1"], run_of("strayed", strayed)])
+    assert band.margin > MAX_MARGIN
+    verdict = judge(corpus["bug"], corpus["ref"], band)
+    assert (verdict.resolved, verdict.words, verdict.to_dict()["verdict"]) == (False, "unresolved", "unresolved")
+    assert "unresolved: the band's runs disagree with one another" in verdict.summary()

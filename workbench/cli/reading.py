@@ -99,7 +99,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _add_verdict(verbs: argparse._SubParsersAction) -> None:
     verdict = verbs.add_parser("verdict", help="bug or rounding: a layout or precision change held to its "
-                               "reference's rounding band (exit 1 if beyond it)")
+                               "reference's rounding band (exit 1 if beyond it, or unresolved)")
     verdict.add_argument("run", type=run_location)
     verdict.add_argument("reference", type=run_location)
     verdict.add_argument("--band", type=run_location, nargs="+", default=None, metavar="RUN",
@@ -120,7 +120,7 @@ def _verdict(args: argparse.Namespace) -> int:
         print(json.dumps(verdict.to_dict(), indent=1))
     else:
         print(terminal_safe(verdict.summary()))
-    return 0 if verdict.within else 1
+    return 0 if verdict.within and verdict.resolved else 1
 
 
 def _add_check(verbs: argparse._SubParsersAction) -> None:

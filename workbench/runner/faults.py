@@ -1,4 +1,4 @@
-"""Faults injected on purpose: a bit flip or a scaling in one site at one step.
+"""Faults injected on purpose: a bit flip or a scaling in one site at one step, or a layout bug.
 
 A known cause makes anomaly detection, replay and bisect testable: the config's
 ``fault`` section names the site and the step, the manifest says so, and the run is
@@ -11,6 +11,8 @@ reproducible: the fault is part of the config).
   is hit; on every tensor-parallel rank the same local element is changed.
 * ``grad:<parameter>``: applied to the reduced gradient (Megatron DDP's ``main_grad``) right
   after ``finalize_model_grads``, before the recorder's ``grad`` site and the optimizer.
+* a layout bug (``kind = "layout_bug"``, ``config.LAYOUT_BUGS``): a tensor-parallel mistake on one rank or one
+  parameter, in place from step 0 on: the bug-or-rounding corpus.
 """
 
 from __future__ import annotations
@@ -119,10 +121,32 @@ class FaultInjector:
         config.finalize_model_grads_func = finalize
 
 
+def inject_layout_bug(bug: str, gpt: torch.nn.Module) -> None:
+    """Put the layout bug ``bug`` (``config.LAYOUT_BUGS``) into ``gpt`` (a ``GPTModel`` of one pipeline stage with
+    two layers or more), from step 0 on; every rank calls it."""
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    modules = dict(gpt.named_modules())
+    if bug == "tp_partial_scale" and tp_rank == 1:  # the partial sum before the row-parallel all-reduce
+        modules["decoder.layers.1.self_attention.linear_proj"].register_forward_pre_hook(
+            lambda module, inputs: (inputs[0] * (1 + 2.0 ** -10), *inputs[1:]))
+    elif bug == "sp_norm_unreduced":  # finalize_model_grads sums only parameters marked sequence_parallel
+        modules["decoder.layers.1.pre_mlp_layernorm"].weight.sequence_parallel = False
+    elif bug == "replica_not_updated" and tp_rank == 1:
+        modules["decoder.final_layernorm"].weight.register_hook(lambda grad: torch.zeros_like(grad))
+    elif bug == "tp_grad_averaged" and tp_rank == 1:
+        modules["decoder.layers.0.mlp.linear_fc2"].weight.register_hook(lambda grad: grad / 2)
+
+
 def attach(fault: FaultConfig, model: BuiltModel, *, dp_rank: int,
            compute_dtype: torch.dtype) -> FaultInjector | None:
-    """A ``FaultInjector`` for ``fault`` (None without one); fails if no rank holds the site."""
+    """A ``FaultInjector`` for ``fault`` (None without one, or for a layout bug: ``inject_layout_bug``, in place);
+    fails if no rank holds the site."""
     if fault.kind is FaultKind.NONE:
+        return None
+    if fault.kind is FaultKind.LAYOUT_BUG:  # the config checked TP >= 2 and one pipeline stage
+        inject_layout_bug(fault.bug, model.gpts[0])
         return None
     injector = FaultInjector(fault, model, dp_rank=dp_rank, compute_dtype=compute_dtype)
     device = next(model.gpts[0].parameters()).device

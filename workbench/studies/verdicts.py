@@ -126,7 +126,7 @@ def verdict_table(runs: Mapping[str, Run], reference: str, changes: Sequence[str
                          "first_site": None, "tolerances": float("nan"), "rounding": precision, "band": ""})
             continue
         verdict = judge(records(name), records(reference), band, replicas_parted=runs[name].manifest.replicas_parted)
-        rows.append({"run": name, "verdict": "within rounding" if verdict.within else "beyond rounding",
+        rows.append({"run": name, "verdict": verdict.words,
                      "first_step": verdict.first_step, "first_site": verdict.first_site,
                      "tolerances": verdict.worst_ratio if verdict.within else verdict.first_ratio,
                      "rounding": precision, "band": f"{len(verdict.band_runs)} x {verdict.margin:.3g}"})

@@ -143,6 +143,8 @@ def _verdict_words(row: Any) -> str:
     """A verdict in a legend's few words: ``within rounding``, or ``beyond rounding, step N`` (``bf16 rounding``
     where it is held to another precision's than fp32's)."""
     rounding = "rounding" if row.rounding == "fp32" else f"{row.rounding} rounding"
+    if row.verdict == "unresolved":
+        return f"unresolved ({rounding})"
     return f"within {rounding}" if row.verdict == "within rounding" else f"beyond {rounding}, step {row.first_step}"
 
 
