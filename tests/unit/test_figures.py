@@ -191,6 +191,17 @@ def test_ladder_figure_draws_runs_and_noise_band() -> None:
     assert "bf16 ▲ emb, step 0" in _legend_entries(fig)
 
 
+def test_trajectory_figure_draws_the_rounding_band_in_both_panels() -> None:
+    steps = pd.Index(range(5), name="step")
+    series = {"ref": pd.Series([1.0, 0.9, 0.8, 0.7, 0.6], index=steps),
+              "tp2": pd.Series([1.0, 0.9 + 1e-7, 0.8 + 2e-7, 0.7, 0.6], index=steps)}
+    band = (series["ref"] - 1e-6, series["ref"] + 1e-6)
+    fig = trajectory_figure(series, reference="ref", rounding=band)
+    drawn = [t for t in fig.data if t.name == "rounding band (band runs)"]
+    assert [t.yaxis for t in drawn] == ["y", "y2"] and {t.legendgroup for t in drawn} == {"rounding"}
+    assert "rounding band (band runs)" in _legend_entries(fig)
+
+
 def test_ladder_figure_draws_the_rounding_band_and_says_each_runs_verdict() -> None:
     ref = records("ref")
     bands = [perturb(ref, f"band{i}", step=0, site=SITES[0], factor=1 + 1e-7 * (i + 1)) for i in range(2)]

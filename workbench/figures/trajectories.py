@@ -24,7 +24,15 @@ from plotly.subplots import make_subplots
 
 from workbench.errors import ArgumentError
 from workbench.figures.anomaly_marks import mark_anomalies
-from workbench.figures.style import NOISE_FLOOR, SEED_SPREAD, apply_style, floor_band, legend_height, line_style
+from workbench.figures.style import (
+    NOISE_FLOOR,
+    ROUNDING_BAND,
+    SEED_SPREAD,
+    apply_style,
+    floor_band,
+    legend_height,
+    line_style,
+)
 from workbench.store.manifest import Provenance
 
 
@@ -33,20 +41,21 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                       log_y: bool = False, provenance: Provenance | None = None,
                       title: str | None = None, anomalies: pd.DataFrame | None = None,
                       relative: bool = False, seed_spread: tuple[pd.Series, pd.Series] | None = None,
-                      magnitude: bool = True) -> go.Figure:
+                      magnitude: bool = True, rounding: tuple[pd.Series, pd.Series] | None = None) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``
     (``relative``: the difference divided by the reference's magnitude; ``magnitude``: its absolute value on a
-    log axis, else signed on a linear one). ``floor`` and ``seed_spread`` are (low, high) envelopes drawn as
-    bands: the noise floor and the seed-to-seed spread (as magnitudes: from zero to the larger of the two)."""
+    log axis, else signed on a linear one). ``floor``, ``seed_spread`` and ``rounding`` are (low, high) envelopes
+    drawn as bands: the noise floor, the seed-to-seed spread and the rounding band of the reference's band runs
+    (in the difference panel as magnitudes: from zero to the larger of the two)."""
     if reference is not None and reference not in series:
         raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
     fig = make_subplots(rows=2 if with_diff else 1, cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         row_heights=[0.62, 0.38] if with_diff else [1.0])
-    bands = [(band, seeds) for band, seeds in ((seed_spread, True), (floor, False)) if band is not None]
-    for band, seeds in bands:
-        floor_band(fig, list(band[0].index), band[0], band[1], row=1, seeds=seeds,
-                   name=SEED_SPREAD if seeds else NOISE_FLOOR)
+    bands = [(band, name) for band, name in ((seed_spread, SEED_SPREAD), (floor, NOISE_FLOOR),
+                                              (rounding, ROUNDING_BAND)) if band is not None]
+    for band, name in bands:
+        floor_band(fig, list(band[0].index), band[0], band[1], row=1, name=name, **_kind(name))
     for i, (name, values) in enumerate(series.items()):
         width = 2.4 if name == reference else 1.5
         values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
@@ -60,12 +69,12 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
             base = ref.reindex(values.index)
             return (values - base) / base.abs() if relative else values - base
 
-        for band, seeds in bands:
+        for band, name in bands:
             low, high = difference(band[0]), difference(band[1])
             if magnitude:
                 low, high = low * 0.0, np.maximum(low.abs(), high.abs())
-            floor_band(fig, list(band[0].index), low, high, row=2, show=False, seeds=seeds, log=magnitude,
-                       name=SEED_SPREAD if seeds else NOISE_FLOOR)
+            floor_band(fig, list(band[0].index), low, high, row=2, show=False, log=magnitude, name=name,
+                       **_kind(name))
         equal = []
         for i, (name, values) in enumerate(series.items()):
             if name == reference:
@@ -96,3 +105,8 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
     # plotly's gap between groups made 13 runs' legend scroll, its last entries hidden
     fig.update_layout(legend=dict(tracegroupgap=0), height=max(fig.layout.height, legend_height(fig)))
     return fig
+
+
+def _kind(band: str) -> dict[str, bool]:
+    """``floor_band``'s colour switches for the band named ``band``."""
+    return {"seeds": band == SEED_SPREAD, "rounding": band == ROUNDING_BAND}

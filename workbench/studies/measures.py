@@ -51,12 +51,17 @@ def noise_ladder(ws: Workspace, reference: str, stat: str, pause: Pause | None) 
     return ws.ladder(repeats, reference=reference, stat=stat, floor=False, pause=pause) if repeats else None
 
 
+def own_band(ws: Workspace, reference: str) -> list[str]:
+    """The band runs of ``reference``'s own precision's rounding (a bf16 band is for bf16 runs)."""
+    precision = ws.runs[reference].manifest.precision or "fp32"
+    return [n for n in ws.roles.band_runs
+            if n in ws.recorded and (ws.runs[n].manifest.perturbation or {}).get("precision") == precision]
+
+
 def band_ladder(ws: Workspace, reference: str, stat: str, pause: Pause | None) -> Ladder | None:
     """The reference's band runs of its own precision's rounding against it (the rounding band); None without
     them."""
-    precision = ws.runs[reference].manifest.precision or "fp32"
-    band = [n for n in ws.roles.band_runs
-            if n in ws.recorded and (ws.runs[n].manifest.perturbation or {}).get("precision") == precision]
+    band = own_band(ws, reference)
     return ws.ladder(band, reference=reference, stat=stat, floor=False, pause=pause) if band else None
 
 

@@ -29,6 +29,7 @@ from workbench.figures.pairs import pairs_figure
 from workbench.figures.sources import sources_figure
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.layout import TIMING_SCALARS
+from workbench.studies.measures import own_band
 from workbench.studies.workspace import Workspace
 
 RATES = {"tokens_per_s": "tokens per second", "step_time": "steps per second"}
@@ -64,7 +65,7 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
                  title: str | None = None) -> View:
     """A per-step scalar (``quantity``), or with ``site`` the statistic ``quantity`` of that site, of ``names``
     (default: every run, the reference first) against ``reference`` (default: the first), within ``steps``
-    (inclusive), with the noise floor's and the seed runs' envelopes as bands (none around a timing,
+    (inclusive), with the noise floor's, the band runs' and the seed runs' envelopes as bands (none around a timing,
     ``TIMING_SCALARS``) and, with ``anomalies``, each run's anomalies marked (or the marks given). The
     difference panel shows |difference| on a log axis (``magnitude=False``: signed, linear)."""
     chosen = list(names) if names is not None else \
@@ -90,7 +91,9 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
     figure = trajectory_figure(series, reference=reference if reference in series else next(iter(series)),
                                quantity=quantity,
                                floor=band(ws.roles.floor_runs) if floor else None,
-                               seed_spread=band(ws.roles.seed_runs) if seeds else None, log_y=log_y,
+                               seed_spread=band(ws.roles.seed_runs) if seeds else None,
+                               rounding=band(own_band(ws, ws.roles.reference)) if floor else None,
+                               log_y=log_y,
                                relative=relative, magnitude=magnitude, anomalies=marks,
                                provenance=ws.provenance(list(series)), title=title)
     return View(figure, pd.DataFrame(series))
