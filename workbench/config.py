@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError
+from workbench.names import MAX_NAME_BYTES, name_problem
 from workbench.sites import DEFAULT_KINDS, PARAMETER_KINDS, SITE_KINDS, split_site
 
 
@@ -445,9 +446,10 @@ class RunConfig:
     """Write recorded steps to the store at least this often; bounds what a crash loses."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.name, str) and self.name != "" and
+        _require(isinstance(self.name, str) and name_problem(self.name) is None and
                  all(c.isalnum() or c in "-_." for c in self.name), "name", self.name,
-                 "a non-empty string of letters, digits, '-', '_' and '.'")
+                 "one folder's name of letters, digits, '-', '_' and '.', not '.' or '..', at most "
+                 f"{MAX_NAME_BYTES} bytes")
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
         object.__setattr__(self, "checkpoint_format", _enum(CheckpointFormat, self.checkpoint_format,
                                                             "checkpoint_format"))

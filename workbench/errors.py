@@ -71,6 +71,14 @@ NOT_YET = 75
 """The command line's exit status for a run that has not recorded yet."""
 
 
+class DiskFullError(WorkbenchError, OSError):
+    """A write found no room (a full disk, a quota, a read-only filesystem); what it had begun was removed, or
+    the message says what stays (``workbench.disk``)."""
+
+    def __str__(self) -> str:  # the sentence alone, not OSError's "[Errno 28] ..."
+        return str(self.strerror)
+
+
 class ExportError(WorkbenchError, RuntimeError):
     """A figure could not be exported: no browser for static images, or the browser failed to render it."""
 

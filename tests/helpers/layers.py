@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
 
 FOUNDATION = {"config", "determinism", "environment", "errors", "sites", "statistics", "data", "untrusted", "versions",
-              "words", "_exports"}
+              "words", "names", "disk", "_exports"}
 """Modules of the package's root that everything may use: they import no other layer."""
 
 ALLOWED: dict[str, set[str]] = {

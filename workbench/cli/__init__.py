@@ -17,11 +17,13 @@ characters escaped (``terminal_safe``).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
 from workbench.cli import figures, importing, investigating, reading, stores, training
 from workbench.cli._common import Parser, ProgressPrinter, terminal_safe
+from workbench.disk import is_no_room, no_room
 from workbench.errors import NOT_YET, LaunchError, NotRecordedYetError, WorkbenchError
 
 __all__ = ["ProgressPrinter", "build_parser", "main", "reference", "terminal_safe"]
@@ -77,3 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:
+        if not is_no_room(err) and err.errno not in (errno.EACCES, errno.EPERM):
+            raise  # a bug, not the disk: its traceback is what to report
+        # a full disk, a quota, a read-only or forbidden folder met outside the writers that say it themselves
+        message = str(no_room(err, removed=False)) if is_no_room(err) else \
+            f"{err.filename}: {(err.strerror or str(err)).lower()}; choose a folder you can write, or change its " \
+            "permissions"
+        print(f"workbench: error: {terminal_safe(message)}", file=sys.stderr)
+        return 2

@@ -27,7 +27,7 @@ def _import_te(args: argparse.Namespace) -> int:
     from workbench.importers import import_te_log
 
     start = time.monotonic()
-    run_dir = import_te_log(args.logs, args.out, name=args.name)
+    run_dir = import_te_log(args.logs, args.out, name=args.name or args.out.resolve().name)
     print(f"imported {len(args.logs)} path(s) into {run_dir} in {time.monotonic() - start:.1f} s; "
           f"compare it with another import: workbench compare {run_dir} OTHER")
     return 0
@@ -47,7 +47,8 @@ def _add_import_megatron(verbs: argparse._SubParsersAction) -> None:
 def _import_megatron(args: argparse.Namespace) -> int:
     from workbench.importers.megatron_tb import import_megatron_tensorboard
 
-    run_dir = import_megatron_tensorboard(args.logdir, args.out, name=args.name, tokens_per_step=args.tokens_per_step)
+    run_dir = import_megatron_tensorboard(args.logdir, args.out, name=args.name or args.out.resolve().name,
+                                          tokens_per_step=args.tokens_per_step)
     print(f"imported {args.logdir} into {run_dir}")
     return 0
 
@@ -83,7 +84,7 @@ def _import_megatron_dumps(args: argparse.Namespace) -> int:
     from workbench.megatron_lm.dumps import import_megatron_dumps
 
     start = time.monotonic()
-    run_dir = import_megatron_dumps(args.save_dir, args.out, name=args.name, ep=args.ep,
+    run_dir = import_megatron_dumps(args.save_dir, args.out, name=args.name or args.out.resolve().name, ep=args.ep,
                                     sequence_parallel=args.sequence_parallel, precision=args.precision,
                                     router_traces=args.router_traces, experts=args.experts, tp=args.tp, pp=args.pp)
     print(f"imported {args.save_dir} into {run_dir} in {time.monotonic() - start:.1f} s; compare it with "

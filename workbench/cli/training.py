@@ -19,6 +19,7 @@ from workbench.cli._common import (
 )
 from workbench.config import load_run_config
 from workbench.errors import ArgumentError
+from workbench.names import inside
 from workbench.words import counted
 
 
@@ -54,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config)
     check_megatron_core()  # before the first line of progress
-    run_dir = args.out / cfg.name
+    run_dir = inside(args.out, args.out / cfg.name, "run folder")
     printer = ProgressPrinter()
     start = time.monotonic()
     printer(f"{cfg.name}: {cfg.summary()} -> {run_dir}", final=True)

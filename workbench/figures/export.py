@@ -33,6 +33,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from workbench import disk
 from workbench.errors import ArgumentError, ExportError
 
 FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "html")
@@ -92,8 +93,7 @@ def export_figures(
     _check_size(scale, width, height)
     stems = _file_stems(figures)
     mathjax_path = _parse_mathjax(mathjax)
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(folder)  # made by the first file written (``disk.written``): a failure before it makes none
     total = len(figures) * len(wanted)
     written: list[Path] = []
 
@@ -105,8 +105,10 @@ def export_figures(
     if "html" in wanted:
         for name, fig in figures.items():
             path = out / f"{stems[name]}.html"
-            fig.write_html(path, include_plotlyjs=True, full_html=True, include_mathjax=False,
-                           default_width=width or "100%", default_height=height or "100%")
+            html = fig.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False,
+                               default_width=width or "100%", default_height=height or "100%").encode("utf-8")
+            with disk.written(path, needed=len(html)) as partial:
+                partial.write_bytes(html)
             record(path)
 
     static = [fmt for fmt in wanted if fmt in STATIC_FORMATS]
@@ -125,7 +127,8 @@ def export_figures(
     with closing(_render(jobs, browser, mathjax_path)) as images:
         for job, data in images:
             assert job.path is not None  # every job built above has a path
-            job.path.write_bytes(data)
+            with disk.written(job.path, needed=len(data)) as partial:
+                partial.write_bytes(data)
             record(job.path)
     return written
 

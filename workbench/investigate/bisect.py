@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench import disk
 from workbench.analysis.compare import compare
 from workbench.analysis.trace_alignment import OperationOrigin, first_operation
 from workbench.errors import ArgumentError
 from workbench.investigate.replay import Replay, replay
+from workbench.names import inside
 from workbench.runner.launch import ProgressFn
 from workbench.store.reader import Run, open_run
 from workbench.store.writer_lock import writing
@@ -141,21 +143,23 @@ def _traced_replays(a: Run, b: Run, step: int, out_dir: Path, *, overwrite: bool
     for run, name in zip((a, b), (a.name, b.name if b.name != a.name else f"{b.name}-b")):
         if progress:
             progress(f"replaying {run.name} through step {step} with the operation tracer")
-        replays.append(replay(run.path, step, out=out_dir / name, trace=True, overwrite=overwrite,
-                              progress=progress))
+        folder = inside(out_dir, out_dir / name, "replay folder")  # a name from a manifest: never a path
+        replays.append(replay(run.path, step, out=folder, trace=True, overwrite=overwrite, progress=progress))
     return replays
 
 
 def _finish(result: Bisect) -> Bisect:
-    result.out.mkdir(parents=True, exist_ok=True)
-    (result.out / "bisect.json").write_text(json.dumps(result.to_dict(), indent=1))
+    files = {"bisect.json": json.dumps(result.to_dict(), indent=1)}
     text = f"# Bisect\n\n```\n{result.summary()}\n```\n"
     if result.operation is not None:
         from workbench.figures.operations import operation_figure
 
         title = f"{result.a} vs {result.b}: operations of step {result.step}"
-        operation_figure(result.operation, title=title).write_html(result.out / "operations.html",
-                                                                    include_plotlyjs=True)
+        files["operations.html"] = operation_figure(result.operation, title=title).to_html(include_plotlyjs=True)
         text += "\nThe operations of the step, in order, by module: `operations.html`.\n"
-    (result.out / "bisect.md").write_text(text)
+    files["bisect.md"] = text
+    for name, content in files.items():  # each whole or not at all: a full disk leaves no empty file
+        data = content.encode("utf-8")
+        with disk.written(result.out / name, needed=len(data)) as partial:
+            partial.write_bytes(data)
     return result

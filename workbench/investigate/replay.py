@@ -105,9 +105,7 @@ def _check_replay_folder(run_dir: Path, original: Run, *, overwrite: bool) -> No
     if not overwrite:
         raise ArgumentError(f"{run_dir} already holds a replay; pass --overwrite to replace it or --out to "
                           "choose another folder")
-    for entry in run_dir.iterdir():
-        if entry.name != LOCK_FILE:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    layout.clear_run_folder(run_dir)
 
 
 def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, trace: bool = False,

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from workbench import disk
 from workbench.statistics import FP_LANES, to_signed32
 
 _LANES = [(to_signed32(index_mult), to_signed32(mix_mult), before, (1 << (32 - before)) - 1, after,
@@ -252,6 +253,8 @@ def native(isa: str = "native") -> Any:
     ``accumulate_copies``, ``instruction_set``), built on first use and cached per machine; ``isa`` holds
     the build to fewer vector instructions (``ISAS``)."""
     cpp_extension = quiet_cpp_extension()
+    # a read-only home: the build goes to a temporary folder instead
+    disk.writable_caches(say=lambda line: warnings.warn(line, stacklevel=3))
 
     source = Path(__file__).with_name("native_stats.cpp")
     code = b"".join(p.read_bytes() for p in (source, *sorted(source.parent.glob("native_*.h"))))

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import determinism
+from workbench import determinism, disk
 from workbench.config import Precision, RunConfig
+from workbench.disk import is_no_room, no_room
 from workbench.errors import ArgumentError, CheckpointError, IncomparableRunsError, LaunchError, UnsupportedError
 from workbench.runner import zygote as zygotes
 from workbench.runner.rank_log import RANK_ERROR
@@ -32,7 +33,7 @@ from workbench.store import layout
 from workbench.store.manifest import parse_manifest, runner_manifest
 from workbench.store.reader import open_run
 from workbench.store.writer import create_store, set_status, update_manifest
-from workbench.store.writer_lock import LOCK_FILE, writing
+from workbench.store.writer_lock import writing
 from workbench.versions import check_megatron_core
 
 ProgressFn = Callable[[str], None]
@@ -265,6 +266,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
     run starts at its step, from its state resharded to this layout (the CPU runner's checkpoints only).
     """
     check_megatron_core()  # a release outside the tested range: one line before anything is written
+    disk.writable_caches(say=progress)  # a read-only home: the ranks build their kernels in a temporary folder
     paths = layout.RunPaths(Path(run_dir))
     if start_from is not None and resume:
         raise LaunchError("--resume continues this run's own checkpoints; --start-from starts from another "
@@ -308,13 +310,13 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
             if layout.resolve_run_dir(paths.run_dir) is not None and not overwrite:
                 raise ArgumentError(f"{paths.run_dir} already holds a run; pass --resume to continue it or "
                                   "--overwrite to start again")
-            if paths.run_dir.exists() and overwrite:
-                for entry in paths.run_dir.iterdir():  # all but the lock this process holds
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry)
-                    elif entry.name != LOCK_FILE:
-                        entry.unlink()
-            create_store(paths.run_dir, runner_manifest(cfg), cfg.steps)
+            if overwrite:  # the workbench's own entries only; the lock this process holds stays
+                layout.clear_run_folder(paths.run_dir)
+            try:
+                create_store(paths.run_dir, runner_manifest(cfg), cfg.steps)
+            except OSError as err:  # a full disk before any rank: no half-made store stays
+                shutil.rmtree(paths.store, ignore_errors=True)
+                raise no_room(err, paths.store) if is_no_room(err) else err from None
         if manifest:
             update_manifest(paths.run_dir, **manifest)
         if start_record is not None:
@@ -338,8 +340,13 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
             unrecorded = _record_status(paths, layout.Status.FAILED, error={
                 "rank": failed.rank, "exit_code": failed.process.returncode, "log": str(failed.log),
                 "excerpt": excerpt[-2000:]})
+            saved = paths.checkpoint_steps()
+            room = " No space was left on its disk." if "No space left on device" in excerpt else ""
+            again = (f" Its latest checkpoint is step {saved[-1]}: after fixing the cause, --resume continues from "
+                     "there." if saved else " It saved no checkpoint: after fixing the cause, --overwrite starts "
+                     "it again.")
             raise LaunchError(f"rank {failed.rank} of {cfg.name} failed (exit code {failed.process.returncode}); "
-                              f"all ranks stopped.{unrecorded} Its log: {failed.log}\n{excerpt}")
+                              f"all ranks stopped.{unrecorded}{room}{again} Its log: {failed.log}\n{excerpt}")
         stopped = stop_after is not None and stop_after < cfg.steps
         diverged = against is not None and not keep_going and open_run(paths.run_dir).attrs.get("diverged") is not None
         unrecorded = _record_status(paths, layout.Status.DIVERGED if diverged else

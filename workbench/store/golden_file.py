@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.disk import written
 from workbench.errors import GoldenFileError
 from workbench.untrusted import JsonRefused, strict_json
 
@@ -38,13 +39,7 @@ def write_golden_document(data: Mapping[str, Any], path: str | os.PathLike[str])
     """Write ``data`` as JSON at ``path`` (its folder made): a reader sees the old file or the whole new one, and a
     failed write (``path`` a folder, a full disk) leaves nothing behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, allow_nan=False)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_text(text + "\n")
-        partial.replace(path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode("utf-8")
+    with written(path, needed=len(text)) as partial:
+        partial.write_bytes(text)
     return path

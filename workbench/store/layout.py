@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -54,7 +55,8 @@ from zarr.codecs import ZstdCodec
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from workbench.errors import DamagedStoreError
+from workbench.errors import ArgumentError, DamagedStoreError
+from workbench.names import check_name, inside
 from workbench.store import chunk_files
 from workbench.untrusted import COUNT, JsonField, read_json_object
 
@@ -177,6 +179,7 @@ MAX_INNER_CHUNKS = MAX_STATS
 
 def snapshot_path(step: int, kind: str, name: str) -> str:
     """Path of one snapshot array inside the run group."""
+    check_name(name, "snapshot site name", error=ArgumentError)  # one folder of the store: never a path
     return f"{SNAPSHOTS_GROUP}/step_{step:06d}/{kind}/{name}"
 
 
@@ -262,6 +265,32 @@ class RunPaths:
         steps = [int(p.name.removeprefix("step_")) for p in self.checkpoints.glob("step_*")
                  if (p / CHECKPOINT_META).is_file()]
         return sorted(steps)
+
+
+RUN_FOLDER_ENTRIES = (STORE_DIR, LOGS_DIR, CHECKPOINTS_DIR, OP_TRACES_DIR, "replays", "bisect")
+"""What the workbench writes in a run folder (besides the writer's lock): all that ``--overwrite`` removes."""
+
+
+def clear_run_folder(run_dir: Path) -> list[str]:
+    """Remove the workbench's own entries (``RUN_FOLDER_ENTRIES``) from the run folder ``run_dir``, to write it
+    again; returns the names of the other entries, which stay. ``ArgumentError`` if the folder holds entries
+    but no run store (``--overwrite`` replaces a run, never a folder of other files). A link is removed, never
+    followed."""
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    others = [n for n in entries if n not in RUN_FOLDER_ENTRIES and n != "writer.lock"]
+    if resolve_run_dir(run_dir) is None and others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ArgumentError(f"{run_dir} holds {shown} but no run store ({STORE_DIR}); --overwrite replaces a run, "
+                            "never a folder of other files: choose another folder")
+    for name in entries:
+        entry = run_dir / name
+        if name not in RUN_FOLDER_ENTRIES:
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            entry.unlink()
+        else:
+            shutil.rmtree(inside(run_dir, entry, "run folder entry"))
+    return others
 
 
 def resolve_run_dir(path: Path) -> Path | None:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import determinism
-from workbench.errors import DamagedStoreError
+from workbench.errors import ArgumentError, DamagedStoreError
+from workbench.names import check_name
 from workbench.store.layout import SCALARS_LOGGED, Status
 
 if TYPE_CHECKING:
@@ -142,6 +143,9 @@ class RunManifest:
     """Where a parameter replicated over the TP ranks first differed between them (``step``, ``site``, ``tp_rank``;
     ``workbench.recorder.replicas``); None where the copies agreed, or nobody compared them."""
 
+    def __post_init__(self) -> None:  # every producer's name, whatever file or flag it came from
+        check_name(self.name, "run name", error=ArgumentError)
+
     def configuration(self) -> str:
         """The run's configuration apart from its determinism switch and name ("L4 H128 TP1-PP1-DP1 fp32")."""
         parts = [self.model.summary() if self.model else "model ?", self.layout.summary(), self.precision or "?"]
@@ -246,7 +250,7 @@ def parse_manifest(attrs: Mapping[str, Any], *, source: str) -> RunManifest:
     further facts that readers use (``FACTS``) are checked here too, so that no reader meets a bad one."""
     check_facts(attrs, source)
     run_id = _require(attrs, "run_id", str, source)
-    name = _require(attrs, "name", str, source)
+    name = check_name(_require(attrs, "name", str, source), "name", f"{source} (manifest)", DamagedStoreError)
     config = _require(attrs, "config", Mapping, source, optional=True)
     if config is not None:  # every field's type and range, as the runner would take it
         from workbench.config import RunConfig

@@ -232,6 +232,9 @@ class BackgroundWriter:
     def _raise_pending(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, OSError):  # a full disk stays an OSError, for the callers that say it in one line
+                raise OSError(error.errno, f"writing the run store failed: {error.strerror or error}",
+                              error.filename) from error
             raise RuntimeError(f"writing the run store failed: {error}") from error
 
     def submit(self, job: Callable[[], None]) -> None:

@@ -23,6 +23,7 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -31,7 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from workbench.errors import ArgumentError
+from workbench.disk import is_no_room, no_room
+from workbench.errors import ArgumentError, DiskFullError
 from workbench.store import layout
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -131,11 +133,15 @@ def _take(folder: Path, writer: str, rank: int | None) -> int:
     if store is not None:
         raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
                             "a folder outside every run.zarr")
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             handle = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
+            _give_back(missing)
+            if is_no_room(err):
+                raise no_room(err, folder / LOCK_FILE) from None
             raise ArgumentError(f"{folder}: cannot create its writer's lock ({err.strerror or err})") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -151,10 +157,28 @@ def _take(folder: Path, writer: str, rank: int | None) -> int:
         if _still_the_lock_file(folder, handle):
             break
         os.close(handle)  # its holder removed it as we took it (an empty folder given back): take the new one
-    os.ftruncate(handle, 0)
-    os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
-                                 "rank": rank, "since": time.time()}).encode())
+    try:
+        os.ftruncate(handle, 0)
+        os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
+                                     "rank": rank, "since": time.time()}).encode())
+    except OSError as err:  # a full disk: no folder holding only a lock is left behind
+        if missing:
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+        os.close(handle)
+        _give_back(missing)
+        if is_no_room(err):
+            raise no_room(err, folder / LOCK_FILE) from None
+        raise
     return handle
+
+
+def _give_back(missing: list[Path]) -> None:
+    """Remove the folders in ``missing`` (innermost first) that the lock made and left empty."""
+    for made in missing:
+        try:
+            made.rmdir()
+        except OSError:
+            return
 
 
 def _still_the_lock_file(folder: Path, handle: int) -> bool:
@@ -179,16 +203,26 @@ def _holder(handle: int) -> str:
 
 
 @contextmanager
-def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None) -> Iterator[WriterLock]:
+def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = None,
+            discard: bool = False) -> Iterator[WriterLock]:
     """``acquire``, released at the end of the block; a folder the lock made is removed again if the block fails
-    before writing anything into it."""
+    before writing anything into it, or, with ``discard`` (an importer: half a store is no store), whatever the
+    block wrote in it. A full disk met in a ``discard`` block is ``DiskFullError``."""
     made = not Path(run_dir).exists()
     lock = acquire(run_dir, writer=writer, rank=rank)
     failed = True
     try:
         yield lock
         failed = False
+    except OSError as err:
+        if discard and is_no_room(err) and not isinstance(err, DiskFullError):
+            raise no_room(err, getattr(err, "filename", None) or run_dir, removed=made) from None
+        raise
     finally:
+        if made and failed and discard:
+            for entry in Path(run_dir).iterdir():
+                if entry.name != LOCK_FILE:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         lock.release(remove_folder=made and failed)
 
 
@@ -204,7 +238,7 @@ def holding(writer: str, folder: str) -> Callable[[F], F]:
             run_dir = Path(signature.bind(*args, **kwargs).arguments[folder])
             if run_dir.name == layout.STORE_DIR:  # a store named for its folder
                 run_dir = run_dir.parent
-            with writing(run_dir, writer=writer):
+            with writing(run_dir, writer=writer, discard=True):
                 return function(*args, **kwargs)
 
         return holds  # type: ignore[return-value]

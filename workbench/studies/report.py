@@ -15,6 +15,7 @@ half its height, so two figures share a page.
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import re
@@ -27,6 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 
+from workbench import disk
 from workbench.errors import ExportError
 from workbench.figures.divergence import amplification_figure
 from workbench.figures.elementwise import elementwise_figure
@@ -170,7 +172,6 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
     if fmt not in ("html", "pdf"):
         raise ExportError(f"report format {fmt!r} is not one of html, pdf")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda message: None)
     say("analysing the runs")
     summary = summarise(ws)
@@ -181,7 +182,9 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
         # the plot's own id apart from its section's (the section's is the figure's anchor): one element per id
         bodies = {name: fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"{name}-plot")
                   for name, fig in figures.items()}
-        out.write_text(_page(summary, ws, bodies, head), encoding="utf-8")
+        text = _page(summary, ws, bodies, head).encode("utf-8")
+        with disk.written(out, needed=len(text)) as partial:  # a full disk leaves no 0-byte report
+            partial.write_bytes(text)
         return out
     from workbench.figures.export import export_figures
 
@@ -192,11 +195,13 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
         page = Path(tmp) / "report.html"
         page.write_text(_page(summary, ws, bodies, ""), encoding="utf-8")
         say("printing to PDF")
-        _print_pdf(page, out)
+        with disk.written(out) as partial:  # no browser or a full disk: no folder made for it stays
+            _print_pdf(page, partial, out)
     return out
 
 
-def _print_pdf(page: Path, out: Path) -> None:
+def _print_pdf(page: Path, out: Path, shown: Path) -> None:
+    """Print ``page`` to ``out`` with Chromium; errors name ``shown`` (the file the user asked for)."""
     from workbench.figures.export import static_export_available
 
     browser = static_export_available()
@@ -206,5 +211,7 @@ def _print_pdf(page: Path, out: Path) -> None:
     command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-pdf-header-footer",
                f"--print-to-pdf={out.resolve()}", page.resolve().as_uri()]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    if done.returncode != 0 or not out.is_file():
-        raise ExportError(f"Chromium could not print the report to {out}: {done.stderr.strip()[-300:]}")
+    if "No space left on device" in done.stderr:
+        raise OSError(errno.ENOSPC, "No space left on device", str(shown))
+    if done.returncode != 0 or not out.is_file() or out.stat().st_size == 0:
+        raise ExportError(f"Chromium could not print the report to {shown}: {done.stderr.strip()[-300:]}")

@@ -36,6 +36,7 @@ from typing import Any
 
 from workbench.config import RunConfig, flatten, load_run_config, read_toml
 from workbench.errors import ConfigError, NotARunError, RunNotFoundError, UnsupportedError
+from workbench.names import check_name, inside
 from workbench.store import layout
 from workbench.store.layout import Status
 from workbench.store.writer_lock import writing
@@ -109,7 +110,7 @@ def expand_study(data: Mapping[str, Any], base: RunConfig, *, source: str = "stu
     unknown = sorted(set(data) - _STUDY_KEYS)
     if unknown:
         raise ConfigError(f"{source}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(_STUDY_KEYS))}")
-    name = data.get("name", base.name)
+    name = check_name(data.get("name", base.name), "name", source)
     overrides_all = data.get("overrides", {})
     if not isinstance(overrides_all, Mapping):
         raise ConfigError(f"{source}: overrides must be a table of config keys and values")
@@ -194,7 +195,7 @@ def run_study(study: Study, out_dir: str | os.PathLike[str], report: Reporter) -
     # completeness check through a stop and its resume, so no writer comes in between.
     with writing(out, writer=f"workbench sweep ({study.name})"):
         for index, planned in enumerate(study.runs, start=1):
-            run_dir = out / planned.name
+            run_dir = inside(out, out / planned.name, "run folder")
             folders.append(run_dir)
             with writing(run_dir, writer=f"workbench sweep ({study.name})"):
                 _run_planned(planned, run_dir, out, functools.partial(report, index, total, planned))
