@@ -8,8 +8,9 @@ else wrote. The workbench joins it to a folder it was given (``--out / name``), 
     check_name(value, "name", where)    the name, or ``ConfigError`` (or the class asked for) in one line
     inside(folder, path)                ``path``, or ``ArgumentError`` unless it resolves to a place in ``folder``
 
-A name is one path segment: not empty, not ``.`` or ``..``, no ``/``, ``\\`` or NUL, no control character,
-at most ``MAX_NAME_BYTES`` bytes in UTF-8 (the limit of a file name on Linux's and macOS's file systems).
+A name is one path segment: not empty, not ``.`` or ``..``, no ``/``, ``\\`` or NUL, at most ``MAX_NAME_BYTES``
+bytes in UTF-8 (the limit of a file name on Linux's and macOS's file systems). Other control characters pass:
+every name is printed escaped (``cli.terminal_safe``).
 Imports nothing beyond the standard library and the errors.
 """
 
@@ -23,7 +24,7 @@ from workbench.errors import ArgumentError, ConfigError, WorkbenchError
 MAX_NAME_BYTES = 255
 """The longest name, in bytes of UTF-8: a file name's limit (``NAME_MAX``) on ext4, XFS, APFS and tmpfs."""
 
-RULE = "one folder name: not '.' or '..', no '/', '\\\\', NUL or control character, at most 255 bytes"
+RULE = "one folder name: not '.' or '..', no '/', '\\\\' or NUL, at most 255 bytes"
 
 
 def name_problem(value: object) -> str | None:
@@ -34,8 +35,8 @@ def name_problem(value: object) -> str | None:
         return "empty" if value == "" else f"{value!r} names a folder, not a run"
     if "/" in value or "\\" in value:
         return "it holds a path separator"
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        return "it holds a NUL or control character" if "\x00" in value else "it holds a control character"
+    if "\x00" in value:
+        return "it holds a NUL"
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:

@@ -51,8 +51,9 @@ def test_a_failing_rank_stops_every_rank(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def _start_run(tmp_path: Path, name: str, steps: int, *, total: int, batch: int, layers: int, seq: int,
-               extra: str = "") -> tuple[subprocess.Popen[bytes], Path]:
-    """``workbench run`` of a small DP=2 config in the background, once it has written ``steps`` steps."""
+               extra: str = "", stderr: bool = False) -> tuple[subprocess.Popen[bytes], Path]:
+    """``workbench run`` of a small DP=2 config in the background, once it has written ``steps`` steps
+    (``stderr``: its standard error piped, for the test to read)."""
     cfg_path = tmp_path / f"{name}.toml"
     cfg_path.write_text(
         f'name = "{name}"\nsteps = {total}\nglobal_batch_size = {2 * batch}\nmicro_batch_size = {batch}\n{extra}'
@@ -60,7 +61,7 @@ def _start_run(tmp_path: Path, name: str, steps: int, *, total: int, batch: int,
         f"seq_length = {seq}\n[layout]\ndp = 2\n"
         '[record]\ncompile = false\nkinds = ["param", "act", "grad"]\n')
     launcher = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(cfg_path), "--out", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if stderr else subprocess.DEVNULL)
     run_dir = tmp_path / name
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -239,3 +240,53 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_replaced(tmp_path: Pa
         blocker.close()
     assert open_run(run_dir).status == "complete"
     assert any("rendezvous port was taken" in line for line in said), said
+
+
+def _partial_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "run.zarr").rglob("*.partial"))
+
+
+def _cut_short_write(run_dir: Path) -> None:
+    """A process killed as it writes the store, between Zarr's writing its temporary file and renaming it (Zarr
+    removes that file on an ``Exception`` only; a kill leaves it)."""
+    script = ("import os, sys, zarr, zarr.storage._local as local\n"
+              "local._move_with_retry = lambda *args, **kwargs: os._exit(9)  # killed at the rename\n"
+              "array = zarr.open_array(sys.argv[1], mode='r+')\n"
+              "array[0] = array[0]\n")
+    done = subprocess.run([sys.executable, "-c", script, str(run_dir / "run.zarr" / "scalars" / "loss")],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 9, done.stderr
+
+
+def test_sigterm_says_it_stopped_the_run_and_resume_removes_a_cut_short_write(tmp_path: Path) -> None:
+    launcher, run_dir = _start_run(tmp_path, "preempted", 12, total=2000, batch=1, layers=1, seq=8,
+                                   extra="flush_every = 4\ncheckpoint_every = 4\n", stderr=True)
+    launcher.send_signal(signal.SIGTERM)  # a scheduler's preemption
+    _, err = launcher.communicate(timeout=120)
+    text = err.decode()
+    assert launcher.returncode == 128 + signal.SIGTERM, text
+    assert text.strip().splitlines()[-1] == ("workbench: stopped by SIGTERM; every rank was stopped (the same "
+                                             "command with --resume continues from its latest checkpoint)"), text
+    assert "Traceback" not in text and _worker_pids(run_dir) == []
+    _cut_short_write(run_dir)
+    assert _partial_files(run_dir)
+    latest = max(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
+    resumed = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(tmp_path / "preempted.toml"),
+                              "--out", str(tmp_path), "--resume", "--stop-after", str(latest + 2)],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _partial_files(run_dir) == []
+    assert open_run(run_dir).steps_completed == latest + 2
+
+
+def test_a_second_ctrl_c_ends_at_once_without_a_traceback(tmp_path: Path) -> None:
+    launcher, run_dir = _start_run(tmp_path, "impatient", 4, total=2000, batch=1, layers=1, seq=8, stderr=True)
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130 and "Traceback" not in err.decode() and "Exception ignored" not in err.decode()
+    deadline = time.monotonic() + 30  # each rank ends with its launcher
+    while _worker_pids(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _worker_pids(run_dir) == []

@@ -145,11 +145,19 @@ def parse_golden_values(data: Any, source: str) -> GoldenValues:
     """The golden values of a golden file's JSON (``store.golden_file.read_golden_document``), of either format;
     ``GoldenFileError`` in one line, naming ``source``, for anything else."""
     if isinstance(data, dict) and data.get("format") == WORKBENCH_FORMAT:
-        return _workbench(data, source)
+        return _holds_a_step(_workbench(data, source))
     if isinstance(data, dict) and data and all(isinstance(v, dict) and "values" in v for v in data.values()):
-        return _megatron(data, source)
+        return _holds_a_step(_megatron(data, source))
     raise GoldenFileError(f"{source}: neither Megatron-LM's golden-values format (per metric: start_step, end_step, "
                           f"step_interval, values) nor a {WORKBENCH_FORMAT!r} file")
+
+
+def _holds_a_step(golden: GoldenValues) -> GoldenValues:
+    """``golden``, or ``GoldenFileError`` if it holds no value of any step: a check against it would pass any run."""
+    if not golden.scalars.notna().any().any() and (golden.weights is None or golden.weights.empty):
+        raise GoldenFileError(f"{golden.source}: holds no value of any step, so a check against it would pass any "
+                              "run; write it again from a run that has recorded steps")
+    return golden
 
 
 def _workbench(data: dict[str, Any], source: str) -> GoldenValues:
@@ -193,7 +201,7 @@ def _megatron(data: dict[str, Any], source: str) -> GoldenValues:
         values = entry["values"]
         if not isinstance(values, dict):
             raise GoldenFileError(f"{source}: {metric!r} values must map iterations to numbers")
-        if not all(isinstance(k, str) and k.strip().isdigit() for k in values):
+        if not all(isinstance(k, str) and k.strip().isascii() and k.strip().isdigit() for k in values):
             raise GoldenFileError(f"{source}: {metric!r} has an iteration that is not a whole number")
         iterations = {int(k): _number(v, f"{source}: {metric} at {k}") for k, v in values.items()}
         # Megatron-LM compares "nan" as infinity; NaN is left for steps this metric does not have

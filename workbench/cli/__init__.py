@@ -17,9 +17,14 @@ characters escaped (``terminal_safe``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from workbench.cli import figures, importing, investigating, reading, stores, training
 from workbench.cli._common import Parser, ProgressPrinter, terminal_safe
@@ -55,24 +60,64 @@ def reference() -> str:
     return "\n".join(parts) + "\n"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, ``kill``): raised where the command waits, as Ctrl-C is, so that a
+    launcher stops every rank on its way out."""
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """While a verb runs: SIGTERM ends it as Ctrl-C does, but said as such; a second Ctrl-C or SIGTERM, while
+    the first is being handled (ranks stopping, the process exiting), ends the process at once, without a
+    traceback (each rank ends with its launcher). Without a signal the previous handlers come back afterwards
+    (``main`` may run inside a test)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def handle(signum: int, frame: object) -> None:
+        if seen:
+            os.write(2, b"workbench: stopped at once\n")
+            os._exit(130 if signum == signal.SIGINT else 128 + signum)
+        seen.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if not seen:  # after a first signal, a second one during the exit (a zygote closing) ends it at once
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help (0), or a bad argument already printed on one line (2)
         return int(done.code or 0)
     try:
-        return int(args.func(args))
+        with _signals():
+            return int(args.func(args))
     except LaunchError as err:
         lines = str(err).splitlines() or [""]  # the failed rank's log excerpt follows on lines of its own
         print("\n".join(terminal_safe(line) for line in [f"workbench: run failed: {lines[0]}", *lines[1:]]),
               file=sys.stderr)
         return 1
     except NotRecordedYetError as err:  # a healthy run, early: not bad input
+        if getattr(args, "json", False):  # a script reading standard output gets the answer there too
+            print(json.dumps({"status": "not yet", "exit_code": NOT_YET, "message": str(err)}))
         print(f"workbench: not yet: {terminal_safe(str(err))}", file=sys.stderr)
         return NOT_YET
     except WorkbenchError as err:
         print(f"workbench: error: {terminal_safe(str(err))}", file=sys.stderr)
         return 2
+    except Terminated:
+        again = " (the same command with --resume continues from its latest checkpoint)" \
+            if hasattr(args, "resume") else ""
+        print(f"workbench: stopped by SIGTERM; every rank was stopped{again}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("workbench: interrupted; every rank was stopped", file=sys.stderr)
         return 130

@@ -122,3 +122,17 @@ def print_safe(text: str) -> None:
 def prefixed(printer: ProgressPrinter, prefix: str) -> Callable[[str], None]:
     """A progress callback that prints each message after ``prefix``."""
     return lambda message: printer(prefix + message)
+
+
+class SkippedRuns:
+    """The folders a folder-wide verb skipped (``on_skip``), said after its output, one line each."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, path: Path, err: Exception) -> None:
+        self.lines.append(f"workbench: skipped {path}: {err}")
+
+    def say(self) -> None:
+        for line in self.lines:
+            print(terminal_safe(line), file=sys.stderr)

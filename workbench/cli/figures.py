@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from workbench.cli._common import ProgressPrinter, prefixed, terminal_safe, writable_file
+from workbench.cli._common import ProgressPrinter, SkippedRuns, prefixed, terminal_safe, writable_file
 from workbench.errors import ArgumentError
 
 FIGURES = ("heatmap", "pairs", "trajectories", "ladder", "sources", "cost")
@@ -97,7 +97,10 @@ def _report(args: argparse.Namespace) -> int:
         raise ArgumentError(f"report: --format {fmt} and a {suffix} file disagree")
     printer = ProgressPrinter()
     start = time.monotonic()
-    path = write_report(Workspace.open(*args.runs), args.output, fmt=fmt, progress=prefixed(printer, "report: "))
+    skipped = SkippedRuns()
+    path = write_report(Workspace.open(*args.runs, on_skip=skipped), args.output, fmt=fmt,
+                        progress=prefixed(printer, "report: "))
     printer(f"report: wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {time.monotonic() - start:.1f} s",
             final=True)
+    skipped.say()
     return 0

@@ -9,7 +9,16 @@ import sys
 from pathlib import Path
 
 from workbench import environment
-from workbench.cli._common import finite, print_safe, run_location, terminal_safe, whole, writable_file
+from workbench.cli._common import (
+    SkippedRuns,
+    finite,
+    print_safe,
+    run_location,
+    terminal_safe,
+    whole,
+    writable_file,
+)
+from workbench.errors import ArgumentError
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -29,12 +38,11 @@ def _ls(args: argparse.Namespace) -> int:
 
     from workbench.store.reader import list_runs
 
-    def skipped(path: Path, err: Exception) -> None:
-        print(terminal_safe(f"workbench: skipped {path}: {err}"), file=sys.stderr)
-
+    skipped = SkippedRuns()  # said after the table
     table = list_runs(args.directory, on_skip=skipped)
     if table.empty:
         print(terminal_safe(f"no runs under {args.directory}"))
+        skipped.say()
         return 0
     rows = []  # each run, then the runs derived from it (replays, bisections), indented under it
     for _, row in table.iterrows():
@@ -50,6 +58,8 @@ def _ls(args: argparse.Namespace) -> int:
             width = max(len(value) for value in shown[column])
             shown[column] = [value.ljust(width) for value in shown[column]]
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}", justify="left"))
+    sys.stdout.flush()
+    skipped.say()
     return 0
 
 
@@ -63,7 +73,10 @@ def _add_summary(verbs: argparse._SubParsersAction) -> None:
 def _summary(args: argparse.Namespace) -> int:
     from workbench.studies.summary import summarise_study
 
-    print_safe(summarise_study(args.directory).text())
+    skipped = SkippedRuns()
+    print_safe(summarise_study(args.directory, on_skip=skipped).text())
+    sys.stdout.flush()
+    skipped.say()
     return 0
 
 
@@ -77,11 +90,11 @@ def _add_compare(verbs: argparse._SubParsersAction) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
     from workbench.studies.comparing import compare_stores
     from workbench.studies.verdicts import verdict_or_reason
 
-    a, b = open_run(args.a), open_run(args.b)
+    a, b = open_recorded(args.a), open_recorded(args.b)
     result = compare_stores(a, b, cells=True)  # every cell read: a damaged chunk of either run is found
     facts = environment.difference(a.manifest.runtime, b.manifest.runtime)
     rounding = None if result.identical else verdict_or_reason(b, a)  # a is the reference; its band beside it
@@ -111,11 +124,11 @@ def _add_verdict(verbs: argparse._SubParsersAction) -> None:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
     from workbench.studies.verdicts import rounding_verdict
 
-    band = [open_run(path) for path in args.band] if args.band else None
-    verdict = rounding_verdict(open_run(args.run), open_run(args.reference), band=band)
+    band = [open_recorded(path) for path in args.band] if args.band else None
+    verdict = rounding_verdict(open_recorded(args.run), open_recorded(args.reference), band=band)
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=1))
     else:
@@ -137,9 +150,9 @@ def _add_check(verbs: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from workbench.analysis import golden_check
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
 
-    run = open_run(args.run)
+    run = open_recorded(args.run)
     if isinstance(args.golden, Path) and (args.golden.suffix == ".json" or args.golden.is_file()):  # a file
         from workbench.analysis.golden_values import golden_values_check, parse_golden_values, weights_fingerprints
         from workbench.store.golden_file import read_golden_document
@@ -149,7 +162,7 @@ def _check(args: argparse.Namespace) -> int:
         check = golden_values_check(run.scalars, weights, golden, run=run.name, rtol=args.rtol, steps=args.steps)
         theirs = golden.environment
     else:
-        reference = open_run(args.golden)
+        reference = open_recorded(args.golden)
         check = golden_check(run.records(), reference.records(), steps=args.steps, rtol=args.rtol)
         theirs = reference.manifest.runtime
     print(check.summary(escape=terminal_safe))
@@ -179,9 +192,12 @@ def _golden(args: argparse.Namespace) -> int:
         workbench_golden_values,
     )
     from workbench.store.golden_file import write_golden_document
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
 
-    run = open_run(args.run)
+    run = open_recorded(args.run)
+    if run.scalars.empty:  # a golden file of no step would pass every check
+        raise ArgumentError(f"{args.run}: run {run.name!r} has no recorded step ({run.status}); a golden file "
+                            "needs at least one")
     if args.megatron:
         data = megatron_golden_values(run.scalars, steps=args.steps, interval=args.interval)
     else:
@@ -210,11 +226,11 @@ def _add_resume_check(verbs: argparse._SubParsersAction) -> None:
 
 
 def _resume_check(args: argparse.Namespace) -> int:
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
     from workbench.studies.comparing import check_resumed_run
 
-    check = check_resumed_run(open_run(args.resumed), open_run(args.reference), from_step=args.from_step,
-                              floor=open_run(args.floor) if args.floor is not None else None)
+    check = check_resumed_run(open_recorded(args.resumed), open_recorded(args.reference), from_step=args.from_step,
+                              floor=open_recorded(args.floor) if args.floor is not None else None)
     print(check.summary(escape=terminal_safe))
     return 0 if check.passed else 1
 
@@ -235,10 +251,10 @@ def _add_anomalies(verbs: argparse._SubParsersAction) -> None:
 
 def _anomalies(args: argparse.Namespace) -> int:
     from workbench.analysis.anomalies import AnomalyRules, find_anomalies
-    from workbench.store.reader import open_run
+    from workbench.store.reader import open_recorded
 
     rules = AnomalyRules(window=args.window, spike_factor=args.spike_factor)
-    run = open_run(args.run)
+    run = open_recorded(args.run)
     if args.follow:
         from workbench.investigate.watch import watch_anomalies
 
@@ -246,7 +262,7 @@ def _anomalies(args: argparse.Namespace) -> int:
         print(f"{name}: following the run ({run.status}); new anomalies appear as its steps are written")
         found = watch_anomalies(args.run, rules=rules, interval_s=args.interval, on_new=lambda row: print(
             terminal_safe(f"step {row['step']}: {row['rule']} at {row['site'] or '-'}: {row['detail']}"), flush=True))
-        print(f"{name}: {_count(len(found))}; the run is {open_run(args.run).status}")
+        print(f"{name}: {_count(len(found))}; the run is {open_recorded(args.run).status}")
         return 1 if len(found) else 0
     # from the scalars alone without site records; from the records alone where nothing logged the scalars
     found = find_anomalies(run.scalars, run.records_or_none(), rules, scalars_logged=run.logs_scalars)

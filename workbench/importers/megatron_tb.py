@@ -23,7 +23,8 @@ import numpy as np
 
 from workbench.analysis.golden_values import MEGATRON_METRICS
 from workbench.errors import ImportFormatError, LogNotFoundError
-from workbench.importers.tensorboard import _require_tensorboard
+from workbench.importers.table import SCALAR_ROWS_AT_ONCE, check_last_step
+from workbench.importers.tensorboard import scalar_accumulator
 from workbench.store import layout
 from workbench.store.manifest import RunManifest, new_run_id, store_attributes
 from workbench.store.writer import ScalarWriter, create_store, set_status
@@ -41,11 +42,7 @@ def read_megatron_scalars(logdir: str | os.PathLike[str]) -> tuple[dict[str, dic
     if not path.is_dir():
         raise LogNotFoundError(f"{path}: no such folder; pass the folder that holds Megatron-LM's "
                                "events.out.tfevents.* files (its --tensorboard-dir)")
-    _require_tensorboard("reading TensorBoard files")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
-    accumulator.Reload()
+    accumulator = scalar_accumulator(path)
     tags = [str(t) for t in accumulator.Tags()["scalars"]]
     values = {TENSORBOARD_METRICS[t]: {int(e.step): float(e.value) for e in accumulator.Scalars(t)}
               for t in tags if t in TENSORBOARD_METRICS}
@@ -64,6 +61,8 @@ def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | o
     iterations = sorted({k for series in values.values() for k in series})
     if iterations[0] < 1:
         raise ImportFormatError(f"{logdir}: iteration {iterations[0]}; Megatron-LM counts iterations from 1")
+    check_last_step(iterations[-1] - 1, sum(map(len, values.values())),
+                    f"{logdir}: the event of iteration {iterations[-1]:,}")
     run_dir = Path(run_dir)
     steps = iterations[-1]
     run_name = name or run_dir.name
@@ -72,7 +71,7 @@ def import_megatron_tensorboard(logdir: str | os.PathLike[str], run_dir: str | o
     create_store(run_dir, store_attributes(info, status=layout.Status.CREATED, imported={
         "format": FORMAT, "files": files, "other_tags": other_tags, "iterations": len(iterations),
         "note": "TensorBoard stores scalars as float32"}), steps)
-    writer = ScalarWriter(run_dir, flush_every=max(1, steps))
+    writer = ScalarWriter(run_dir, flush_every=max(1, min(steps, SCALAR_ROWS_AT_ONCE)))
     for step in range(steps):  # every step written, NaN where not logged (Megatron logs every --log-interval)
         row: dict[str, float] = {f: (0 if t.startswith("int") else math.nan) for f, t in layout.SCALAR_FIELDS.items()}
         for scalar, series in values.items():

@@ -53,6 +53,22 @@ from workbench.store.writer import (
 LONG_COLUMNS: tuple[str, ...] = ("step", "site", "stat", "value")
 FINGERPRINT_NOTE = "hash of the logged statistics, not of the tensor"
 _BLOCK = 512  # steps written to the store at once (a multiple of the store's step chunk)
+_ROWS_AT_ONCE = 1 << 20  # long-table rows deduplicated at once
+SCALAR_ROWS_AT_ONCE = 1 << 14  # unlogged scalar rows handed to the writer at once (a multiple of its step chunk)
+MAX_UNLOGGED_STEPS = 1 << 17
+"""The most steps an import adds to a store beyond the records it read. A store has a row for every step from 0 to
+the last one logged, and a log may start late (a resumed run), but a damaged step number must not make a billion
+empty rows: the last step must be below the number of records read plus this."""
+
+
+def check_last_step(last: int, records: int, where: str) -> None:
+    """``ImportFormatError`` naming ``where`` (the file, line and field) when step ``last`` is beyond what ``records``
+    records can reach (``MAX_UNLOGGED_STEPS``)."""
+    limit = records + MAX_UNLOGGED_STEPS
+    if last >= limit:
+        raise ImportFormatError(f"{where}: step {last:,} is beyond the {limit:,} steps that {records:,} records "
+                                f"can reach (at most {MAX_UNLOGGED_STEPS:,} steps without records); the step number "
+                                "is damaged: correct or remove that record")
 
 
 @dataclass(frozen=True)
@@ -81,32 +97,80 @@ def table_arrays(table: pd.DataFrame) -> TableArrays:
                                 f"missing {', '.join(missing)}")
     if table.empty:
         raise ImportFormatError("the table of logged statistics is empty: nothing to import")
-    step_values = table["step"].to_numpy(dtype=np.int64)
-    steps, step_code = np.unique(step_values, return_inverse=True)
-    site_code, site_names = pd.factorize(table["site"], sort=False)  # codes in order of appearance
-    stat_code, stat_names = pd.factorize(table["stat"], sort=False)
+    # Row codes are built in place, one int64 array at a time: a long table may hold tens of millions of rows.
+    flat, steps = _codes(table["step"].to_numpy(dtype=np.int64), sort=True)  # [row] step code; int64 [step]
+    site_code, site_names = _codes(table["site"])  # [row] in order of appearance
+    stat_code, stat_names = _codes(table["stat"])
+    if len(site_code) and min(site_code.min(), stat_code.min()) < 0:
+        raise ImportFormatError("the table of logged statistics has rows without a site or a statistic")
+    shape = (len(steps), len(site_names), len(stat_names))
+    _check_dense(shape, len(table), table.attrs.get("files") or ["the table of logged statistics"])
     # Site order: by the first step a site appears at, then by where it first appears.
     first_step = np.full(len(site_names), len(steps), dtype=np.int64)
-    np.minimum.at(first_step, site_code, step_code)
+    np.minimum.at(first_step, site_code, flat)
     order = np.lexsort((np.arange(len(site_names)), first_step))  # [site] new position -> old code
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    site_code = rank[site_code]
-
-    shape = (len(steps), len(site_names), len(stat_names))
-    flat = np.ravel_multi_index((step_code, site_code, stat_code), shape)  # [row]
-    value = np.ascontiguousarray(table["value"].to_numpy(dtype=np.float64))
-    unique_flat, first = np.unique(flat, return_index=True)
-    conflicts = 0
-    if len(unique_flat) < len(flat):  # several ranks may log one value; keep the first file's
-        kept_bits = value[first].view(np.uint64)[np.searchsorted(unique_flat, flat)]  # [row]
-        conflicts = len(np.unique(flat[value.view(np.uint64) != kept_bits]))
+    flat *= shape[1] * shape[2]  # [row] (step, site, stat) as one index of the dense [step, site, stat]
+    flat += (rank * shape[2])[site_code]
+    flat += stat_code
+    del site_code, stat_code
+    value = table["value"].to_numpy(dtype=np.float64)
     values = np.full(shape, np.nan)
     present = np.zeros(shape, dtype=bool)
-    values.reshape(-1)[unique_flat] = value[first]
-    present.reshape(-1)[unique_flat] = True
+    cells, logged = values.reshape(-1), present.reshape(-1)  # views
+    differing = []  # [cell] logged more than once, with different bits
+    # A block of rows at a time, in the table's order, so that a value logged twice (by several ranks) keeps the
+    # first file's, and the sorting that finds each cell's first row never holds more than a block.
+    for start in range(0, len(flat), _ROWS_AT_ONCE):
+        rows = flat[start:start + _ROWS_AT_ONCE]
+        row_values = value[start:start + _ROWS_AT_ONCE]
+        unique, first = np.unique(rows, return_index=True)
+        new = ~logged[unique]
+        cells[unique[new]] = row_values[first[new]]
+        logged[unique[new]] = True
+        if len(unique) < len(rows) or not new.all():
+            differs = cells[rows].view(np.uint64) != row_values.view(np.uint64)  # [row]
+            differing.append(rows[differs])
+    conflicts = len(np.unique(np.concatenate(differing))) if differing else 0
     return TableArrays(steps=steps, sites=[str(site_names[i]) for i in order], stats=[str(s) for s in stat_names],
                        values=values, present=present, conflicting_duplicates=conflicts)
+
+
+def _codes(column: pd.Series | np.ndarray, *, sort: bool = False) -> tuple[np.ndarray, Any]:
+    """Integer [row] codes of ``column`` (-1 where missing; the categories' own small integers for a categorical)
+    and its distinct values, numbered in order of first appearance (``sort``: ascending)."""
+    if isinstance(column, pd.Series) and isinstance(column.dtype, pd.CategoricalDtype):  # its own small codes
+        small = column.cat.codes.to_numpy()  # [row] int8 below 128 categories
+        seen = pd.unique(small)
+        seen = seen[seen >= 0]
+        renumber = np.full(len(column.cat.categories) + 1, -1, dtype=small.dtype)  # [category + missing]
+        renumber[seen] = np.arange(len(seen))
+        return renumber[small], column.cat.categories[seen]
+    codes, uniques = pd.factorize(column, sort=False)
+    if sort:  # renumbered in place (``take`` buffers its output): a second [row] array is never kept
+        order = np.argsort(uniques)
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        np.take(rank, codes, out=codes)
+        uniques = np.asarray(uniques)[order]
+    return codes, uniques
+
+
+MAX_EMPTY_CELLS_PER_VALUE = 64
+"""How sparse the dense [step, site, stat] arrays of a long table may be: at most this many cells per logged value
+(or ``DENSE_CELLS_FLOOR`` cells in all). Real logs fill most cells; a table of a few values at thousands of distinct
+steps, sites and statistics would ask for terabytes."""
+DENSE_CELLS_FLOOR = 1 << 24
+
+
+def _check_dense(shape: tuple[int, int, int], rows: int, files: list[str]) -> None:
+    cells = shape[0] * shape[1] * shape[2]
+    if cells > max(DENSE_CELLS_FLOOR, MAX_EMPTY_CELLS_PER_VALUE * rows):
+        raise ImportFormatError(f"{', '.join(map(str, files))[:300]}: {rows:,} logged values at {shape[0]:,} steps of "
+                                f"{shape[1]:,} sites and {shape[2]:,} statistics would fill {cells:,} cells, more than "
+                                f"{MAX_EMPTY_CELLS_PER_VALUE} per value; a log names the same sites and statistics at "
+                                "each step it logs: these are not such logs, or they are damaged")
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -199,6 +263,7 @@ def write_run_from_table(table: pd.DataFrame, run_dir: str | Path, *, name: str 
     arrays = table_arrays(table)
     if arrays.steps[0] < 0:
         raise ImportFormatError(f"logged steps must be >= 0; the first one is {int(arrays.steps[0])}")
+    check_last_step(int(arrays.steps[-1]), len(table), "the table of logged statistics")
     steps = int(arrays.steps[-1]) + 1
     run_name = name or run_dir.name
     info = RunManifest(run_id=new_run_id(run_name), name=run_name,
@@ -223,7 +288,7 @@ def write_unlogged_scalars(run_dir: Path, steps: int) -> None:
     """Per-step scalars for an import that has none: NaN (integer fields 0) at every step, each step marked
     written, so the store reads as complete; the manifest says they were not logged (``layout.SCALARS_LOGGED``),
     so that no reader takes them for a NaN loss."""
-    writer = ScalarWriter(run_dir, flush_every=steps)
+    writer = ScalarWriter(run_dir, flush_every=max(1, min(steps, SCALAR_ROWS_AT_ONCE)))
     no_scalars = {field: (0 if dtype.startswith("int") else np.nan) for field, dtype in layout.SCALAR_FIELDS.items()}
     for step in range(steps):
         writer.append(step, no_scalars)

@@ -45,7 +45,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from workbench.errors import ImportFormatError, LogNotFoundError
-from workbench.importers.table import long_table, row_keys, write_run_from_table
+from workbench.importers.table import MAX_UNLOGGED_STEPS, check_last_step, long_table, row_keys, write_run_from_table
 from workbench.sites import SITE_KINDS, site_id, split_site, strip_wrappers
 from workbench.store.records import RunRecords
 from workbench.store.writer_lock import holding
@@ -72,8 +73,13 @@ _MODULE_TENSOR = {"act": "output", "act_grad": "gradient"}
 _TENSOR_KIND = {tensor: kind for kind, tensor in (*_WEIGHT_TENSOR.items(), *_MODULE_TENSOR.items())}
 _OWN_TENSOR = "workbench."  # prefix of the tensor name of a site TE has no tensor for
 
+MAX_LINE_BYTES = 1 << 20
+"""The longest line a log may hold (a statistics line is about a hundred bytes): a longer one is refused."""
+_BLOCK_BYTES = 1 << 20  # text read at a time: one block of the file is in memory, never the whole of it
+_STEP_DIGITS = 18  # every iteration of at most 18 digits fits an int64
+
 _NUMBER = rb"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?))"
-# One pass over the whole file. The optional prefix is the logging formatter's
+# One pass over each block of lines. The optional prefix is the logging formatter's
 # "<time> - <level> - "; anchoring at line starts keeps the scan fast (about 1 s per million lines).
 _LINE = re.compile(rb"^(?:.* - )?(\S+)[ \t]+iteration=(\d+)[ \t]+value=(" + _NUMBER + rb")[ \t]*\r?$", re.M)
 # The layer name is greedy, so a layer name containing "_output_" still splits at the last tensor name.
@@ -179,18 +185,34 @@ def read_te_log(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
 def _read_one(path: Path) -> tuple[pd.DataFrame, list[str]]:
-    """One log's long table (categorical site and stat) and the metric names it could not map."""
-    matches = _LINE.findall(path.read_bytes())
-    if not matches:
+    """One log's long table (categorical site and stat) and the metric names it could not map.
+
+    The file is read a block of whole lines at a time; each line's numbers go into compact arrays (a code per
+    metric name, 20 bytes a line), so memory follows the statistics, not the text."""
+    names: dict[bytes, int] = {}  # metric name -> its code, in order of first appearance
+    codes, steps, values = array("i"), array("q"), array("d")  # [line], grown as the blocks are read
+    for first, block in _blocks(path):
+        matches = _LINE.findall(block)
+        if not matches:
+            continue
+        # three comprehensions, not zip(*matches): unpacking a long tuple argument list is several times slower
+        keys, iterations, numbers = [m[0] for m in matches], [m[1] for m in matches], [m[2] for m in matches]
+        if max(map(len, iterations)) > _STEP_DIGITS:
+            _refuse_line(path, first, block, lambda m: len(m.group(2).lstrip(b"0")) > _STEP_DIGITS,
+                         f"its iteration has more than {_STEP_DIGITS} digits")
+        key_code, unique_keys = pd.factorize(np.asarray(keys, dtype=object))
+        known = np.fromiter((names.setdefault(k, len(names)) for k in unique_keys), dtype=np.int32,
+                            count=len(unique_keys))
+        codes.frombytes(known[key_code].tobytes())
+        steps.frombytes(np.fromstring(b" ".join(iterations), dtype=np.int64, sep=" ").tobytes())
+        values.frombytes(np.array([float(v) for v in numbers]).tobytes())
+    if not codes:
         raise ImportFormatError(f"{path}: no statistics lines ('<layer>_<tensor>_<stat> iteration=<n> "
                                 "value=<x>'); pass the nvdlfw_inspect_statistics_logs files that the "
                                 "LogTensorStats feature writes, not the main nvdlfw_inspect log")
-    # three comprehensions, not zip(*matches): unpacking a million-tuple argument list is several times slower
-    keys, iterations, values = [m[0] for m in matches], [m[1] for m in matches], [m[2] for m in matches]
-    key_code, unique_keys = pd.factorize(np.asarray(keys, dtype=object))
     # Only the few distinct metric names are split into layer, tensor and statistic.
     sites, stats, skipped = [], [], []
-    for raw in unique_keys:
+    for raw in names:
         key = raw.decode("utf-8", errors="replace")
         match = _KEY.match(key)
         if match is None:
@@ -201,23 +223,79 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, list[str]]:
         layer, tensor, stat = match.groups()
         sites.append(site_of(layer, tensor))
         stats.append(_TE_TO_STAT.get(stat, stat))
-    keep = ~np.isin(key_code, [i for i, s in enumerate(sites) if not s])  # [row]
-    if not keep.any():
-        raise ImportFormatError(f"{path}: {len(matches)} metric lines, but none names a tensor statistic "
+    mapped = [i for i, site in enumerate(sites) if site]  # the metric names that are tensor statistics
+    if not mapped:
+        raise ImportFormatError(f"{path}: {len(codes)} metric lines, but none names a tensor statistic "
                                 f"(<layer>_<tensor>_<stat> with tensor one of {', '.join(TE_TENSORS)}); "
                                 f"first metric: {skipped[0]!r}")
-    site_index, site_names = pd.factorize(np.asarray(sites, dtype=object))  # per unique key
-    stat_index, stat_names = pd.factorize(np.asarray(stats, dtype=object))
-    code = key_code[keep]
+    key_code = np.frombuffer(codes, dtype=np.int32)  # [line], views of the arrays, not copies
+    step = np.frombuffer(steps, dtype=np.int64)
+    value = np.frombuffer(values, dtype=np.float64)
+    if len(mapped) < len(sites):
+        keep = np.isin(key_code, mapped)  # [line]
+        key_code, step, value = key_code[keep], step[keep], value[keep]
+    last = int(np.max(step))
+    if last >= len(step) + MAX_UNLOGGED_STEPS:
+        where = _line_of(path, lambda m: int(m.group(2).lstrip(b"0") or b"0") == last)
+        check_last_step(last, len(step), f"{path}:{where}: the iteration")
+    # Categories of the mapped names only, each of which some kept line names: none unused, none to drop.
+    site_index, site_names = pd.factorize(np.asarray([sites[i] for i in mapped], dtype=object))
+    stat_index, stat_names = pd.factorize(np.asarray([stats[i] for i in mapped], dtype=object))
+    site_of_key, stat_of_key = np.full(len(sites), -1, dtype=np.int32), np.full(len(sites), -1, dtype=np.int32)
+    site_of_key[mapped], stat_of_key[mapped] = site_index, stat_index
     table = pd.DataFrame({
-        "step": np.fromstring(b" ".join(iterations), dtype=np.int64, sep=" ")[keep],
-        "site": pd.Categorical.from_codes(site_index[code], categories=list(site_names)),
-        "stat": pd.Categorical.from_codes(stat_index[code], categories=list(stat_names)),
-        "value": np.array([float(v) for v in values])[keep],
-    })
-    table["site"] = table["site"].cat.remove_unused_categories()
-    table["stat"] = table["stat"].cat.remove_unused_categories()
+        "step": step,
+        "site": pd.Categorical.from_codes(site_of_key[key_code], categories=list(site_names)),
+        "stat": pd.Categorical.from_codes(stat_of_key[key_code], categories=list(stat_names)),
+        "value": value,
+    }, copy=False)
     return table, skipped
+
+
+def _blocks(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(the number of its first line, a block of whole lines) for the text of ``path``, about ``_BLOCK_BYTES`` at
+    a time; ``ImportFormatError`` naming the line for a line longer than ``MAX_LINE_BYTES``."""
+    first, rest = 1, b""
+    with path.open("rb") as file:
+        while True:
+            data = file.read(_BLOCK_BYTES)
+            text = rest + data
+            cut = text.rfind(b"\n") + 1 if data else len(text)  # at the end of the file, its last line too
+            block, rest = text[:cut], text[cut:]
+            if len(rest) > MAX_LINE_BYTES:
+                raise _too_long(path, first + block.count(b"\n"))
+            breaks = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))  # [line]
+            lengths = np.diff(np.append(breaks, len(block)), prepend=-1) - 1  # [line (+ a last one unended)]
+            if lengths.size and lengths.max() > MAX_LINE_BYTES:
+                raise _too_long(path, first + int(np.argmax(lengths > MAX_LINE_BYTES)))
+            if block:
+                yield first, block
+            first += len(breaks)
+            if not data:
+                return
+
+
+def _too_long(path: Path, line: int) -> ImportFormatError:
+    return ImportFormatError(f"{path}:{line}: a line of more than {MAX_LINE_BYTES:,} bytes, which no statistics "
+                             "line is; pass the nvdlfw_inspect_statistics_logs files, not another file")
+
+
+def _line_of(path: Path, found: Callable[[re.Match[bytes]], bool]) -> int:
+    """The number of the first statistics line of ``path`` for which ``found`` holds (0 if none)."""
+    for first, block in _blocks(path):
+        for match in _LINE.finditer(block):
+            if found(match):
+                return first + block.count(b"\n", 0, match.start())
+    return 0
+
+
+def _refuse_line(path: Path, first: int, block: bytes, found: Callable[[re.Match[bytes]], bool], what: str) -> None:
+    """``ImportFormatError`` naming the first line of ``block`` (whose first line is ``first``) for which ``found``
+    holds, saying ``what`` is wrong with it; nothing when none does."""
+    for match in _LINE.finditer(block):
+        if found(match):
+            line = first + block.count(b"\n", 0, match.start())
+            raise ImportFormatError(f"{path}:{line}: {what}; correct or remove that line")
 
 
 @holding("workbench import-te", "run_dir")

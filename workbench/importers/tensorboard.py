@@ -6,7 +6,8 @@
 
 One scalar per (site, statistic) per step, tagged ``"<site>/<stat>"`` (``"act:layers.3.mlp/l2"``),
 one event per scalar, as ``SummaryWriter.add_scalar`` writes them. Reading uses what users
-use, ``EventAccumulator``, with two things to know:
+use, ``EventAccumulator``, once every record of the files has passed ``importers.event_file``'s checks
+(``EventAccumulator`` itself stops at a damaged record without a word), with two things to know:
 
 * By default ``EventAccumulator`` keeps at most 10,000 points per scalar tag and silently
   drops the rest by reservoir sampling; ``read_tensorboard`` passes
@@ -27,11 +28,13 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from workbench.errors import ImportFormatError, LogNotFoundError, UnsupportedError
+from workbench.importers.event_file import check_event_files
 from workbench.importers.table import long_table, row_keys
 from workbench.importers.te_log import DEFAULT_STATS
 from workbench.store.records import RunRecords
@@ -44,6 +47,24 @@ def _require_tensorboard(action: str) -> None:
     if importlib.util.find_spec("tensorboard") is None:
         raise UnsupportedError(f"{action} needs the tensorboard package, which is not installed; "
                                "run `pip install tensorboard`")
+
+
+def scalar_accumulator(logdir: Path) -> Any:
+    """An ``EventAccumulator`` holding every scalar of the event files in ``logdir``, loaded once those files'
+    records have passed ``event_file.check_event_files``: a damaged file is refused, never read in part."""
+    _require_tensorboard("reading TensorBoard files")
+    from google.protobuf.message import DecodeError
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = check_event_files(logdir)
+    accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    try:
+        accumulator.Reload()
+    except (DecodeError, ValueError, TypeError) as err:  # records whose CRCs hold but whose bytes are no Event
+        names, reason = ", ".join(p.name for p in files), " ".join(str(err).split())[:120]
+        raise ImportFormatError(f"{logdir}: a record of {names} is intact but not a TensorBoard event ({reason}); "
+                                "these are not event files TensorBoard wrote") from None
+    return accumulator
 
 
 def tag(site: str, stat: str) -> str:
@@ -79,11 +100,7 @@ def read_tensorboard(logdir: str | os.PathLike[str]) -> pd.DataFrame:
     path = Path(logdir)
     if not path.is_dir():
         raise LogNotFoundError(f"{path}: no such folder; pass the folder that holds the events.out.tfevents.* files")
-    _require_tensorboard("reading TensorBoard files")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
-    accumulator.Reload()
+    accumulator = scalar_accumulator(path)
     tags = [str(t) for t in accumulator.Tags()["scalars"]]  # in order of first appearance
     per_site = [t for t in tags if TAG_SEPARATOR in t]
     if not per_site:

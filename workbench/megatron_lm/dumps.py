@@ -363,9 +363,9 @@ def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: st
     """Write a run store from the Megatron-LM dumps under ``save_dir`` (see the module docstring); returns its
     folder. ``precision`` (default: the parameters' or activations' dtype) sets the underflow and overflow
     limits; ``router_traces`` is a ``--moe-routing-trace-path`` folder to read too, ``experts`` the number of
-    experts it routes to (default: the largest index seen + 1); ``tp`` and ``pp`` give the layout where no dump
-    file tells it (router traces or tokens-per-expert logs alone); ``progress`` is told about each iteration
-    read (default: a line on stderr)."""
+    experts it routes to (default: the dumps' experts where they hold expert layers, else the largest index seen
+    + 1); ``tp`` and ``pp`` give the layout where no dump file tells it (router traces or tokens-per-expert logs
+    alone); ``progress`` is told about each iteration read (default: a line on stderr)."""
     save_dir, run_dir = Path(save_dir), Path(run_dir)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     tokens = tokens_per_expert_files(save_dir) if save_dir.is_dir() else {}
@@ -401,8 +401,9 @@ def import_megatron_dumps(save_dir: str | Path, run_dir: str | Path, *, name: st
         say(f"tokens_per_expert: {len(tokens)} rank logs, {size / 1e6:.1f} MB")
     routing = None
     if traces:
+        model_experts = experts or dump.experts_per_rank * dump.ep or None  # given, or the dumps' expert layers
         read = read_router_traces(traces, tp=dump.tp, pp=dump.pp, layer_offsets=dump.layer_offsets,
-                                  sequence_parallel=sequence_parallel, experts=experts)
+                                  sequence_parallel=sequence_parallel, experts=model_experts)
         for step, site, value, where, order in read["pieces"]:
             _add(found, step, site, value, where, order)
         found.skipped.update(read["skipped"])

@@ -304,6 +304,7 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
             latest = paths.checkpoint(paths.checkpoint_steps()[-1])
             layout.checkpoint_meta(latest)
             check_checkpoint_folder(latest)  # a file that would run code, or a damaged one: refused before any rank
+            layout.remove_partial_files(paths.store)  # a write a signal cut short: the rename never came
             set_status(paths.run_dir, layout.Status.RUNNING,
                        launcher={"pid": os.getpid(), "host": socket.gethostname()})
         else:
@@ -329,7 +330,10 @@ def launch(cfg: RunConfig, run_dir: str | os.PathLike[str], *, resume: bool = Fa
             + (["--keep-going"] if against is not None and keep_going else [])
         for attempt in range(1, _PORT_TRIES + 1):
             ranks = _spawn(cfg, paths, args)
-            failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+            try:
+                failed = _watch(ranks, _ProgressReader(ranks[0].log, progress))
+            finally:  # every rank has ended: what a signal cut short mid-write goes too
+                layout.remove_partial_files(paths.store)
             if failed is None or attempt == _PORT_TRIES or not _port_taken(ranks):
                 break
             if progress is not None:

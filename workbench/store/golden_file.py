@@ -18,14 +18,22 @@ from workbench.disk import written
 from workbench.errors import GoldenFileError
 from workbench.untrusted import JsonRefused, strict_json
 
+GOLDEN_MAX_BYTES = 64 << 20
+"""The largest golden file read, checked before it is opened: real ones are a few MB; 64 MiB is about a million
+steps of four metrics in Megatron-LM's format, which takes seconds and half a gigabyte to parse."""
+
 
 def read_golden_document(path: str | os.PathLike[str]) -> Any:
-    """The JSON a golden file holds (bounded and strict: ``untrusted.strict_json``; Megatron's own NaN is the
-    string ``"nan"``, never the literal); ``GoldenFileError`` in one line for a missing file or one that is not
-    such JSON."""
+    """The JSON a golden file holds (bounded by ``GOLDEN_MAX_BYTES`` and strict: ``untrusted.strict_json``;
+    Megatron's own NaN is the string ``"nan"``, never the literal); ``GoldenFileError`` in one line for a missing
+    file, one too large, or one that is not such JSON."""
     path = Path(path)
     if not path.is_file():
         raise GoldenFileError(f"{path}: no such golden-values file")
+    size = path.stat().st_size
+    if size > GOLDEN_MAX_BYTES:  # refused before a byte is read
+        raise GoldenFileError(f"{path}: {size:,} bytes, more than the {GOLDEN_MAX_BYTES:,} (GOLDEN_MAX_BYTES) a "
+                              "golden file may hold; write one of fewer steps (`workbench golden RUN --steps N`)")
     try:
         return strict_json(path)
     except JsonRefused as err:

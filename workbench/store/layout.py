@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -291,6 +292,20 @@ def clear_run_folder(run_dir: Path) -> list[str]:
         else:
             shutil.rmtree(inside(run_dir, entry, "run folder entry"))
     return others
+
+
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+"""The temporary name Zarr's ``LocalStore`` writes a file under before renaming it (``_atomic_write``): left
+behind when the writer is stopped by a signal mid-write (it removes it on an ``Exception`` only)."""
+
+
+def remove_partial_files(store: Path) -> list[Path]:
+    """Remove the temporary files a stopped writer left in the run store ``store``; returns them. Only while this
+    process holds the run folder's lock (no other writer can be mid-write)."""
+    found = [Path(folder) / name for folder, _, files in os.walk(store) for name in files if _PARTIAL.search(name)]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
 
 
 def resolve_run_dir(path: Path) -> Path | None:

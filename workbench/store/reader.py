@@ -505,6 +505,18 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
+def open_recorded(path: str | os.PathLike[str]) -> Run:
+    """``open_run`` for a verb that reads recorded steps: ``NotRecordedYetError`` (exit 75, "not yet") while the run
+    is being written and has not completed its first step, never an empty answer or a refusal as bad input."""
+    run = open_run(path)
+    first, end = run._completed_span()
+    if end <= first and run.status in (layout.Status.CREATED, layout.Status.RUNNING):
+        raise NotRecordedYetError(f"{run.path}: run {run.name!r} is {run.status} and has not written its first "
+                                  f"recorded step yet ({end}/{run.steps_planned} steps); try again once it has "
+                                  "(`workbench ls` shows its progress)")
+    return run
+
+
 def open_run(path: str | os.PathLike[str]) -> Run:
     """Open the run store at ``path`` (the run folder or its ``run.zarr``), or at a URL that fsspec reads
     (``memory://runs/a``, ``s3://bucket/runs/a``; the filesystem's package installed, its credentials as
@@ -595,32 +607,48 @@ def provenance(runs: Sequence[Run]) -> Provenance:
                       revision=", ".join(revisions) or None)
 
 
-def open_runs(*paths: str | os.PathLike[str]) -> list[Run]:
+Skipped = Callable[[Path, WorkbenchError], None]
+"""Told of each folder a folder-wide reader skipped, and why."""
+
+
+def open_runs(*paths: str | os.PathLike[str], on_skip: Skipped | None = None) -> list[Run]:
     """The runs at ``paths``: each a run folder, or a folder of runs (every run under it, its derived runs, such as
-    replays, only when named). ``RunNotFoundError`` for a path that is neither, or when no run is found."""
-    folders: list[Path] = []
+    replays, only when named). ``RunNotFoundError`` for a path that is neither, or when no run is found. A run
+    found under a folder that cannot be read is handed to ``on_skip`` with the reason, if given, and left out;
+    without ``on_skip`` its error is raised. A run named directly is always read, or refused."""
+    runs: list[Run] = []
     for path in map(Path, paths):
         run_dir = layout.resolve_run_dir(path)
         if run_dir is not None:
-            folders.append(run_dir)
+            runs.append(open_run(run_dir))
         elif path.is_dir():
-            found = find_runs(path)
+            found = find_runs(path, unreadable=True)
             if not found:
                 raise RunNotFoundError(f"{path}: neither a run nor a folder of runs (no run.zarr under it)")
-            folders += [f for f in found if open_run(f).manifest.replay is None]
+            for folder in found:
+                try:
+                    run = open_run(folder)
+                except WorkbenchError as err:
+                    if on_skip is None:
+                        raise
+                    on_skip(folder, err)
+                    continue
+                if run.manifest.replay is None:
+                    runs.append(run)
         else:
             raise RunNotFoundError(f"{path}: no such run or folder; the demo's runs are made by `make demo` "
                                    "(or `workbench demo`)")
-    if not folders:
+    if not runs:
         raise RunNotFoundError(f"no runs under {', '.join(map(str, paths))}; the demo's runs are made by "
                                "`make demo` (or `workbench demo`)")
-    return [open_run(folder) for folder in folders]
+    return runs
 
 
-def find_runs(directory: str | os.PathLike[str], *, derived: bool = False) -> list[Path]:
+def find_runs(directory: str | os.PathLike[str], *, derived: bool = False, unreadable: bool = False) -> list[Path]:
     """Run folders under ``directory`` (any depth), sorted by path. A run's derived runs (its replays,
     ``RUN/replays/step_K``, and bisections, ``RUN/bisect/A-vs-B``) live inside its folder: listed only with
-    ``derived`` (``derived_runs`` lists one run's)."""
+    ``derived`` (``derived_runs`` lists one run's). With ``unreadable``, also the folders whose ``run.zarr`` has
+    no ``zarr.json`` (a zarr v2 store, a store half copied), for a listing to say why it skips them."""
     directory = Path(directory)
     if not directory.is_dir():
         raise RunNotFoundError(f"{directory}: no such directory")
@@ -628,7 +656,7 @@ def find_runs(directory: str | os.PathLike[str], *, derived: bool = False) -> li
     for folder, subfolders, _ in os.walk(directory):
         if layout.STORE_DIR in subfolders:  # a run: its store's thousands of chunk folders are not walked
             subfolders.remove(layout.STORE_DIR)
-            if (Path(folder) / layout.STORE_DIR / "zarr.json").is_file():
+            if unreadable or (Path(folder) / layout.STORE_DIR / "zarr.json").is_file():
                 found.append(Path(folder))
                 if not derived:
                     subfolders.clear()  # what lies inside a run folder is derived from it
@@ -655,12 +683,12 @@ def _row(run: Run) -> list[Any]:
 
 
 def list_runs(directory: str | os.PathLike[str],
-              on_skip: Callable[[Path, WorkbenchError], None] | None = None, *, derived: bool = False) -> pd.DataFrame:
+              on_skip: Skipped | None = None, *, derived: bool = False) -> pd.DataFrame:
     """One row per run under ``directory`` (``run_table``; with ``derived``, the runs derived from them too:
     ``find_runs``). Folders that are not readable runs are skipped, each handed to ``on_skip`` with the
     reason."""
     rows = []
-    for run_dir in find_runs(directory, derived=derived):
+    for run_dir in find_runs(directory, derived=derived, unreadable=on_skip is not None):
         try:
             rows.append(_row(open_run(run_dir)))
         except WorkbenchError as err:

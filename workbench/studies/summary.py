@@ -16,7 +16,7 @@ import pandas as pd
 from workbench.analysis.findings import study_findings
 from workbench.analysis.ladder import Ladder
 from workbench.errors import RunNotFoundError
-from workbench.store.reader import find_runs, run_table
+from workbench.store.reader import Skipped, find_runs, run_table
 from workbench.studies.workspace import Workspace
 
 
@@ -104,12 +104,13 @@ def _digits(count: int, kind: str) -> Callable[[float], str]:
     return lambda x: f"{x:.{count}{kind}}"
 
 
-def summarise_study(directory: str | Path) -> StudySummary:
+def summarise_study(directory: str | Path, on_skip: Skipped | None = None) -> StudySummary:
     """The findings of a folder of runs (what ``workbench summary DIR`` prints): each run's role, the pairs that
-    differ and where, the noise floor of the repeats, and what determinism cost."""
-    if not find_runs(directory):
+    differ and where, the noise floor of the repeats, and what determinism cost. A run that cannot be read is
+    handed to ``on_skip`` and left out, if given."""
+    if not find_runs(directory, unreadable=True):
         raise RunNotFoundError(f"{directory}: no runs here; create some with `workbench sweep STUDY.toml`")
-    return summarise(Workspace.open(directory))
+    return summarise(Workspace.open(directory, on_skip=on_skip))
 
 
 def summarise(ws: Workspace) -> StudySummary:

@@ -32,7 +32,7 @@ from workbench.errors import ArgumentError, RunNotFoundError
 from workbench.figures.divergence import StepBins
 from workbench.statistics import STAT_NAMES
 from workbench.store.manifest import RUNNER, Provenance
-from workbench.store.reader import Run, open_runs, provenance
+from workbench.store.reader import Run, Skipped, open_runs, provenance
 from workbench.store.records import RunRecords
 from workbench.studies import heatmaps, measures, reads
 from workbench.studies.comparing import compare_stores
@@ -75,9 +75,10 @@ class Workspace:
         self.ahead = ReadAhead()
 
     @classmethod
-    def open(cls, *paths: str | os.PathLike[str]) -> Workspace:
-        """Open run folders, or every run under the given folders (replays only when named)."""
-        return cls({run.path.name: run for run in open_runs(*paths)})
+    def open(cls, *paths: str | os.PathLike[str], on_skip: Skipped | None = None) -> Workspace:
+        """Open run folders, or every run under the given folders (replays only when named); a run under a folder
+        that cannot be read is handed to ``on_skip`` with the reason and left out, if given (else refused)."""
+        return cls({run.path.name: run for run in open_runs(*paths, on_skip=on_skip)})
 
     @property
     def names(self) -> list[str]:
