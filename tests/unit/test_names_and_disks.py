@@ -177,21 +177,25 @@ def test_an_error_that_is_not_the_disk_passes_through(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.fixture
-def full(tmp_path: Path) -> Iterator[Path]:
-    """A 256 kB tmpfs filled to the last block (root only: elsewhere the injected errors above stand in)."""
+@pytest.fixture(params=[0, 12], ids=["full", "12 kB left"])
+def full(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A 1 MB tmpfs holding an old-schema run (for ``upgrade``), then filled to the last block, or to the last
+    12 kB (room for the writer's lock and part of a store) (root only: elsewhere the injected errors above stand
+    in)."""
     where = tmp_path / "full"
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
     if done.returncode != 0:
         pytest.skip("mounting a tmpfs is not allowed here (not root); the injected full disks above stand in")
     try:
+        write_synthetic_run(where / "old", steps=6, sites=4, schema_version=layout.SCHEMA_VERSION - 1)
         with (where / "filler").open("wb", buffering=0) as filler:
             try:
                 while True:
                     filler.write(b"\0" * 512)
             except OSError:
                 pass
+            filler.truncate(filler.tell() - request.param * 1024)
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=True)
@@ -215,11 +219,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for step in range(1, 6):
         writer.add_event(Event(step=step, summary=Summary(value=[Summary.Value(tag="lm loss", simple_value=5.0)])))
     writer.close()
-    return {"a": a, "b": b, "te": root / "te", "tb": tb}
+    study = root / "study.toml"
+    study.write_text(f'name = "s"\nbase = "{TINY}"\n[[runs]]\nname = "one"\n')
+    return {"a": a, "b": b, "te": root / "te", "tb": tb, "study": study}
 
 
-@pytest.mark.parametrize("verb", ["report", "figure", "golden", "import-te", "import-megatron", "run",
-                                  "report-pdf"])
+@pytest.mark.parametrize("verb", ["report", "figure", "golden", "import-te", "import-megatron", "run", "sweep",
+                                  "upgrade", "report-pdf"])
 def test_a_full_disk_is_one_line_and_leaves_nothing(full: Path, sources: dict[str, Path], verb: str,
                                                     capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,11 +238,18 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(full: Path, sources: dict[st
         "import-te": ["import-te", str(sources["te"]), "--out", f"{full}/te-run"],
         "import-megatron": ["import-megatron", str(sources["tb"]), "--out", f"{full}/tb-run"],
         "run": ["run", str(TINY), "--out", f"{full}/runs"],
+        "sweep": ["sweep", str(sources["study"]), "--out", f"{full}/study"],
+        "upgrade": ["upgrade", f"{full}/old"],
     }[verb]
+    if verb == "golden" and (full / "filler").stat().st_size < 1000 * 1024:
+        pytest.skip("a golden file of 6 steps fits in 12 kB")
     if verb == "report-pdf":
         monkeypatch.setenv("BROWSER_PATH", "/no/such/chromium")  # no browser: a refusal, and no folder made
     before = _snapshot(full)
     assert main(argv) == 2
     line = _one_line(capsys)
-    assert ("no space left on device" in line) if verb != "report-pdf" else ("Chromium" in line), line
-    assert _snapshot(full) == before, "left behind"
+    said = {"report-pdf": "Chromium", "upgrade": "free"}.get(verb, "no space left on device")
+    assert said in line, line
+    after = _snapshot(full)
+    after.pop("old/writer.lock", None)  # a run folder keeps its lock file, holding its last writer's description
+    assert after == before, "left behind"

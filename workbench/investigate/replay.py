@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench import disk
 from workbench.analysis.replay_check import ReplayCheck, replay_check
 from workbench.config import RunConfig
 from workbench.errors import ArgumentError
@@ -134,8 +135,12 @@ def replay(run_path: str | Path, step: int, *, out: str | Path | None = None, tr
         replay_cfg = replay_config(cfg, step=step, from_step=from_step)
         paths = layout.RunPaths(run_dir)
         if checkpoint is not None:
-            create_store(run_dir, runner_manifest(replay_cfg), replay_cfg.steps)
-            shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
+            try:
+                create_store(run_dir, runner_manifest(replay_cfg), replay_cfg.steps)
+                shutil.copytree(original.paths.checkpoint(checkpoint), paths.checkpoint(checkpoint))
+            except OSError as err:  # a full disk before any rank starts: what was begun goes
+                layout.clear_run_folder(run_dir)
+                raise disk.no_room(err, run_dir) if disk.is_no_room(err) else err from None
         # The manifest says "replay" before any rank starts, so a replay that fails is never taken for a run.
         facts = {"of": str(original.path), "of_run_id": original.run_id, "step": step, "from_step": from_step,
                  "from_checkpoint": checkpoint is not None, "traced": trace}

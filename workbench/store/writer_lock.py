@@ -134,6 +134,7 @@ def _take(folder: Path, writer: str, rank: int | None) -> int:
         raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
                             "a folder outside every run.zarr")
     missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    new_file = not (folder / LOCK_FILE).exists()
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -161,8 +162,8 @@ def _take(folder: Path, writer: str, rank: int | None) -> int:
         os.ftruncate(handle, 0)
         os.write(handle, json.dumps({"writer": writer, "pid": os.getpid(), "host": socket.gethostname(),
                                      "rank": rank, "since": time.time()}).encode())
-    except OSError as err:  # a full disk: no folder holding only a lock is left behind
-        if missing:
+    except OSError as err:  # a full disk: no empty lock, and no folder holding only one, is left behind
+        if new_file:
             (folder / LOCK_FILE).unlink(missing_ok=True)
         os.close(handle)
         _give_back(missing)
@@ -208,7 +209,8 @@ def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = 
     """``acquire``, released at the end of the block; a folder the lock made is removed again if the block fails
     before writing anything into it, or, with ``discard`` (an importer: half a store is no store), whatever the
     block wrote in it. A full disk met in a ``discard`` block is ``DiskFullError``."""
-    made = not Path(run_dir).exists()
+    missing = [f for f in (Path(run_dir), *Path(run_dir).parents) if not f.exists()]
+    made = bool(missing)
     lock = acquire(run_dir, writer=writer, rank=rank)
     failed = True
     try:
@@ -224,6 +226,8 @@ def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = 
                 if entry.name != LOCK_FILE:
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         lock.release(remove_folder=made and failed)
+        if made and failed:
+            _give_back(missing[1:])  # the folders above it that the lock made, if nothing else went there
 
 
 def holding(writer: str, folder: str) -> Callable[[F], F]:
