@@ -253,3 +253,41 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(full: Path, sources: dict[st
     after = _snapshot(full)
     after.pop("old/writer.lock", None)  # a run folder keeps its lock file, holding its last writer's description
     assert after == before, "left behind"
+
+
+def test_a_sweep_whose_study_names_a_path_writes_nothing(capsys: pytest.CaptureFixture[str],
+                                                        neighbourhood: tuple[Path, Path]) -> None:
+    work, out = neighbourhood
+    for study in ('name = ".."\nbase = "{tiny}"\n[[runs]]\nname = "a"\n',
+                  'name = "s"\nbase = "{tiny}"\n[[runs]]\nname = ".."\n'):
+        (work / "study.toml").write_text(study.format(tiny=TINY))
+        before = _snapshot(work)
+        assert main(["sweep", str(work / "study.toml"), "--out", str(out)]) == 2
+        assert "not allowed" in _one_line(capsys)
+        assert _snapshot(work) == before
+
+
+# --- homes, caches and temporary folders ----------------------------------------------------------------
+
+def test_a_home_that_cannot_be_written_moves_the_kernel_caches_to_the_temporary_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "home").write_text("a file: nothing can be made under it, by root either\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for variable in ("XDG_CACHE_HOME", "TRITON_HOME", *disk.CACHES):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    said: list[str] = []
+    moved = disk.writable_caches(say=said.append)
+    assert set(moved) == set(disk.CACHES) and len(said) == 2
+    assert all(Path(folder).is_dir() and Path(folder).is_relative_to(tmp_path / "tmp") for folder in moved.values())
+    assert disk.writable_caches() == {}  # set now: left alone
+
+
+def test_no_writable_home_and_no_temporary_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "home").write_text("a file\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for variable in ("XDG_CACHE_HOME", "TRITON_HOME", *disk.CACHES):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "home" / "tmp"))  # TMPDIR under a file: missing
+    with pytest.raises(DiskFullError, match="cannot be written, and neither can .*set TORCH_EXTENSIONS_DIR"):
+        disk.writable_caches()
