@@ -55,6 +55,19 @@ SLOW_PLOTLY = """(() => { const start = %s, create = URL.createObjectURL.bind(UR
 that many more milliseconds to evaluate, the page's one thread held as a busy machine's slow compile holds it:
 anywidget gives a widget's module 2 s, and a widget whose module came later lost every message (the explorer's
 figures were empty axes on a busy machine)."""
+WIRE = """(() => { window.__largest = 0; window.__closes = 0; const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) {
+    const n = typeof data === 'string' ? new TextEncoder().encode(data).length : (data.byteLength ?? data.size ?? 0);
+    window.__largest = Math.max(window.__largest, n);
+    if (!this.__watched) { this.__watched = true; this.addEventListener('close', () => { window.__closes += 1; }); }
+    return send.call(this, data); }; })();"""
+"""Keeps the largest message the page sent a kernel (``window.__largest``, bytes) and counts the kernel
+connections that closed (``window.__closes``)."""
+MESSAGE_LIMIT = 1_000_000
+"""The most bytes one message from the page to the kernel may hold: a click sends its point, not the figure."""
+CLICK_SIZE = os.environ.get("WORKBENCH_CLICK_SIZE", "307x60")
+"""Sites x steps of the synthetic pair the explorer's click is tried on: the demo's size (``make demo``: 307 sites,
+60 steps); ``make click-at-scale`` tries 3000x600."""
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -88,6 +101,13 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture
 def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    with _lab(mini_demo, tmp_path) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def _lab(runs: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """JupyterLab serving copies of the notebooks, its kernels reading the runs of ``runs``."""
     for notebook in (NOTEBOOK, BISECT_NOTEBOOK, TRAJECTORY_NOTEBOOK, LADDER_NOTEBOOK, LAYOUTS_NOTEBOOK):
         shutil.copy(notebook, tmp_path / notebook.name)
     settings = tmp_path / "settings"
@@ -99,7 +119,7 @@ def jupyterlab(mini_demo: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
     # their bind: the server picks its own port (0) and says which in its info file, and the kernel talks over Unix
     # sockets in a runtime folder short enough for a socket's path.
     runtime = Path(tempfile.mkdtemp(prefix="jr-"))
-    env = {**os.environ, "WORKBENCH_RUNS": str(mini_demo), "JUPYTERLAB_SETTINGS_DIR": str(settings / "user"),
+    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "JUPYTERLAB_SETTINGS_DIR": str(settings / "user"),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(runtime)}
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0", "--allow-root",
@@ -134,6 +154,7 @@ def _notebook_running(jupyterlab, notebook: Path, height: int, slow_plotly_ms: i
         try:
             page = browser.new_page(viewport={"width": 1400, "height": height})
             page.add_init_script(SENT_POINTS)
+            page.add_init_script(WIRE)
             if slow_plotly_ms:
                 import plotly.graph_objects as go
 
@@ -188,6 +209,32 @@ def test_explorer_reacts_to_a_control(jupyterlab) -> None:  # type: ignore[no-un
         page.screenshot(path=str(ARTIFACTS / "explorer-in-jupyterlab.png"), full_page=True)
         detail = [t for t in _plot_texts(page, ".gtitle") if "clicked at step" in t]
     assert len(detail) == 1 and detail[0].startswith(f"max of {site} (") and detail[0].endswith(f"at step {step}")
+
+
+@pytest.fixture
+def large_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two synthetic runs of ``CLICK_SIZE`` sites x steps that part a third of the way down, half-way through."""
+    from workbench.store.synthetic import write_synthetic_run
+
+    sites, steps = map(int, CLICK_SIZE.split("x"))
+    root = tmp_path_factory.mktemp("large")
+    write_synthetic_run(root / "a", steps=steps, sites=sites, seed=1)
+    write_synthetic_run(root / "b", steps=steps, sites=sites, seed=1, diverge_at=(steps // 2, sites // 3))
+    return root
+
+
+def test_the_explorer_click_survives_the_demos_size(large_pair: Path, tmp_path: Path) -> None:
+    """A click on a heatmap of the demo's size (307 sites x 60 steps; 3000 x 600 with ``make click-at-scale``)
+    updates the detail, no message from the page to the kernel comes near the size of the figure, and the kernel's
+    connection never drops (a 45 MB report of plotly's defaults closed it: ``widgets.common.REPORTED_ARRAY_LIMIT``)."""
+    with _lab(large_pair, tmp_path) as lab, _notebook_running(lab, NOTEBOOK, height=1800) as page:
+        page.locator(".workbench-explorer .js-plotly-plot .cbtitle").first.wait_for(timeout=BUSY_MS)
+        site, step = _click_a_heatmap_cell(page, ".workbench-explorer")
+        largest, closes = page.evaluate("window.__largest"), page.evaluate("window.__closes")
+        page.screenshot(path=str(ARTIFACTS / f"explorer-click-{CLICK_SIZE}.png"), full_page=True)
+    print(f"\nexplorer of {CLICK_SIZE} sites x steps: clicked {site} at step {step}; largest page-to-kernel message "
+          f"{largest:,} bytes (limit {MESSAGE_LIMIT:,}); kernel connections closed: {closes}")
+    assert largest <= MESSAGE_LIMIT and closes == 0
 
 
 def _click_a_heatmap_cell(page, root: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]

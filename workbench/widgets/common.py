@@ -57,6 +57,14 @@ def _plotly_module() -> tuple[str, str]:
     return code, "workbench-plotly-widget-" + hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
+REPORTED_ARRAY_LIMIT = 64
+"""Longest array the page reports back to the kernel among the defaults it filled in after a redraw
+(``_js2py_traceDeltas``, ``_js2py_layoutDelta``); longer ones are left out. plotly.js reports a heatmap's whole
+``z`` there (a 2-D typed array comes back as one list per row): for the demo's explorer, 307 sites, one message of
+45 MB, over which JupyterLab's server closed the kernel's connection and no click was heard again. The kernel
+reads nothing from those arrays, its own data; a click sends its point alone (``_js2py_pointsCallback``)."""
+
+
 class _Loader:
     """The front-end module of our figure widgets: a few lines that evaluate plotly's widget code once per page,
     when the first view is drawn, and draw every view with it.
@@ -69,17 +77,36 @@ class _Loader:
     code meanwhile: ``show`` sends each figure whole as the state a new view draws from."""
 
     def __str__(self) -> str:
-        return _LOADER.replace("KEY", json.dumps(_plotly_module()[1]))
+        return _LOADER.replace("KEY", json.dumps(_plotly_module()[1])).replace("LIMIT", str(REPORTED_ARRAY_LIMIT))
 
 
 _LOADER = """const plotly = (model) => (globalThis[KEY] ??= import(URL.createObjectURL(
   new Blob([model.get("_plotly_code")], {type: "text/javascript"}))));
+const small = (value) => {
+  if (Array.isArray(value) || ArrayBuffer.isView(value)) return value.length <= LIMIT ? value : undefined;
+  if (value === null || typeof value !== "object") return value;
+  const kept = {};
+  for (const [key, item] of Object.entries(value)) { const s = small(item); if (s !== undefined) kept[key] = s; }
+  return kept;
+};
+const reports = {
+  _js2py_traceDeltas: (v) => v && { ...v, trace_deltas: v.trace_deltas.map(small) },
+  _js2py_layoutDelta: (v) => v && { ...v, layout_delta: small(v.layout_delta) },
+};
+const trimmed = (model) => {
+  if (!model.__workbenchTrimmed) {
+    const set = model.set.bind(model);
+    model.set = (key, value, ...rest) => set(key, key in reports ? reports[key](value) : value, ...rest);
+    model.__workbenchTrimmed = true;
+  }
+  return model;
+};
 export default () => ({
   async render({ model, el }) {
     const module = await plotly(model);
     const widget = typeof module.default === "function" ? await module.default() : module.default;
-    await widget.initialize?.({ model });
-    return widget.render({ model, el });
+    await widget.initialize?.({ model: trimmed(model) });
+    return widget.render({ model: trimmed(model), el });
   },
 });
 """
