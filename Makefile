@@ -50,7 +50,7 @@ TIMES := build/test-times.jsonl
 timed = WORKBENCH_TEST_TIMES=$(CURDIR)/$(TIMES) WORKBENCH_TEST_PHASE="$(1)"
 
 .PHONY: setup environments demo test times test-current test-floor test-range lint docs bench clean chromium corpus \
-	click-at-scale
+	click-at-scale lab
 
 # The two environments install side by side (each mostly waits on its downloads), then the overlays over
 # .venv-current; chromium beside them.
@@ -85,6 +85,14 @@ demo: $(CURRENT)/.installed chromium
 # land in build/corpus (kept: a second call only judges) and its confusion table in build/corpus/corpus.md.
 corpus: $(CURRENT)/.installed
 	$(CURRENT)/bin/python benchmarks/rounding_corpus.py --out build/corpus
+
+# JupyterLab on copies of the notebooks in build/lab (not tracked): JupyterLab's autosave writes each notebook's
+# outputs into the file it has open, so running the tracked ones would change them. A copy is refreshed when its
+# tracked notebook is newer. As root (NVIDIA's containers) it passes --allow-root. LAB_ARGS adds options
+# (LAB_ARGS="--ip=0.0.0.0 --no-browser" on a remote machine).
+lab: $(CURRENT)/.installed
+	@mkdir -p build/lab && cp -u notebooks/*.ipynb build/lab/
+	$(CURRENT)/bin/jupyter lab --notebook-dir=build/lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 # The explorer's click in JupyterLab on a synthetic pair ten times the demo's size (3,000 sites x 600 steps), with
 # the largest message the page sent its kernel printed beside the 1 MB limit (the suite tries the demo's size).
