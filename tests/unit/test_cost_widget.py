@@ -48,9 +48,12 @@ def test_the_controls_change_the_tax_and_its_interval(folder: Path, tmp_path: Pa
     assert widget.figure.layout.annotations[1].text == "determinism tax (80% interval)"
     widget.warmup.value = 0
     assert widget.table["steps_deterministic"].iloc[0] == 30
+    assert "deterministic_tokens_per_s" in widget.table.columns
     widget.measure.value = "steps/s (from the step time)"
     assert widget.figure.layout.yaxis.title.text == "steps per second"
     assert 9 < widget.table["tax_percent"].iloc[0] < 13
+    headed = " ".join(widget.table.columns)  # the table printed under the figure (and exported) says what it holds
+    assert "deterministic_steps_per_s" in headed and "tokens_per_s" not in headed
     widget.configs.value = ()
     assert widget.table.empty
     widget.configs.value = widget.configs.options

@@ -41,8 +41,10 @@ def test_each_source_alone_against_the_reference(folder: Path, tmp_path: Path) -
     assert final["splitk_gemm"] > final["embedding_atomics"] > 0  # the larger first difference stays larger
     widget.interval.value = 80.0
     assert "80%" in widget.figure.layout.annotations[1].text  # the cost panel's title names the interval
+    assert widget.figure.layout.xaxis.title.text == "relative difference of l2, last step"
     widget.stat.value = "count"  # equal in every run: no final difference
     assert (widget.table["final_error"].fillna(0) == 0).all()
+    assert widget.figure.layout.xaxis.title.text == "relative difference of count, last step"  # the axis follows
     widget.export_bar.folder.value = str(tmp_path / "out")
     widget.export_bar.formats.value = ("html",)
     assert sorted(p.name for p in widget.export()) == ["sources.csv", "sources.html"]

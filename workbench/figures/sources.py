@@ -21,8 +21,9 @@ def sources_figure(table: pd.DataFrame, *, provenance: Provenance | None = None,
                    interval: float = 95.0) -> go.Figure:
     """One row per nondeterminism source (``analysis.sources.attribution``), labelled with its first divergent
     step and site. Left: its run's final relative difference from the reference (median over sites, log
-    scale). Right: what making that source deterministic costs in tokens/s, with its bootstrap interval (on a
-    CPU: the cost of the workbench's emulation of it, said under the title)."""
+    scale) of the statistic ``table.attrs["stat"]`` names (l2 if it names none). Right: what making that source
+    deterministic costs in tokens/s, with its bootstrap interval (on a CPU: the cost of the workbench's
+    emulation of it, said under the title)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.05, shared_yaxes=True,
                         subplot_titles=("final relative difference", f"cost, % ({interval:g}% interval)"))
     rows = [f"<b>{source}</b><br>" + ("identical" if pd.isna(step) else f"step {int(step)}, {site}")
@@ -49,8 +50,9 @@ def sources_figure(table: pd.DataFrame, *, provenance: Provenance | None = None,
     decades = ([float(np.floor(np.log10(finite.min()))), float(np.ceil(np.log10(finite.max())))]
                if finite.size else [-8.0, 0.0])
     decades[1] = max(decades[1], decades[0] + 1)  # whole decades, one tick each: labels that do not collide
+    stat = table.attrs.get("stat", "l2")  # the statistic the differences are of (``studies.measures.attribution``)
     fig.update_xaxes(type="log", range=decades, dtick=1, exponentformat="power",
-                     title="relative L2 difference, last step", col=1)
+                     title=f"relative difference of {stat}, last step", col=1)
     fig.update_xaxes(title="tokens/s lost making it deterministic, %", col=2)
     fig.update_yaxes(autorange="reversed", col=1)
     return fig

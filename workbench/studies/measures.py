@@ -115,7 +115,9 @@ def attribution(ws: Workspace, *, stat: str, warmup: int, interval: float) -> pd
         first.setdefault(label, name)
     summary = ws.ladder(list(first.values()), stat=stat).summary
     costs = source_cost(ws, measure="tokens_per_s", warmup=warmup, interval=interval)
-    return source_attribution(summary, {name: label for label, name in first.items()}, costs)
+    table = source_attribution(summary, {name: label for label, name in first.items()}, costs)
+    table.attrs["stat"] = stat  # what the final differences are of: the figure's axis says it
+    return table
 
 
 def scales(ws: Workspace, column: str, names: Iterable[str] | None) -> tuple[int | None, pd.DataFrame]:

@@ -171,7 +171,7 @@ def cost(ws: Workspace, *, measure: str = "tokens_per_s", warmup: int = 2, inter
         raise ArgumentError(f"{', '.join(ws.names)}: no configuration here has both a deterministic and a "
                             "nondeterministic run" + (" among those chosen" if configs is not None else ""))
     figure = cost_figure(table, provenance=ws.provenance(), rate=RATES[measure], interval=interval)
-    return View(figure, table, indexed=False)
+    return View(figure, _in_units(table, measure), indexed=False)
 
 
 def source_cost(ws: Workspace, *, measure: str = "tokens_per_s", warmup: int = 2, interval: float = 95.0) -> View:
@@ -183,4 +183,12 @@ def source_cost(ws: Workspace, *, measure: str = "tokens_per_s", warmup: int = 2
     figure = cost_figure(table, provenance=ws.provenance(), rate=RATES[measure], interval=interval,
                          sides=("every source off", "source on"),
                          title="what making each nondeterminism source deterministic costs")
-    return View(figure, table, indexed=False)
+    return View(figure, _in_units(table, measure), indexed=False)
+
+
+def _in_units(table: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """A cost table's rate columns named for what they hold: steps/s when ``measure`` is the step time."""
+    if measure != "step_time":
+        return table
+    sides = ("deterministic", "default")
+    return table.rename(columns={f"{side}_tokens_per_s": f"{side}_steps_per_s" for side in sides})
