@@ -20,11 +20,11 @@ from workbench.figures.style import (
     NOISE_FLOOR,
     ROUNDING_BAND,
     SEED_SPREAD,
+    RunStyles,
     apply_style,
-    colour,
     floor_band,
     legend_rows,
-    line_style,
+    style_of,
 )
 from workbench.sites import layer_order
 from workbench.store.manifest import Provenance
@@ -32,7 +32,7 @@ from workbench.store.manifest import Provenance
 
 def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder | None = None,
                   rounding: Ladder | None = None, verdicts: Mapping[str, str] | None = None,
-                  provenance: Provenance | None = None) -> go.Figure:
+                  provenance: Provenance | None = None, styles: RunStyles | None = None) -> go.Figure:
     """Left: relative error per layer at the last step, one line per run. Right: relative error over steps
     (median over layers), on the same y axis. The noise floor (repeats against the same reference) and the
     seed-to-seed spread (other seeds against one run) are bands, and so is the rounding band (the reference's
@@ -42,7 +42,8 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
 
     The legend lies above the plot, in the top margin (in a paper's sizes too: no subplot titles there); the
     layer names are short ("emb", "L0", "ln_f", "out") and upright, at most eight of them (every n-th of a deep
-    model), so that they read at a paper column's width."""
+    model), so that they read at a paper column's width. ``styles``: each run's line style (``style.run_styles``
+    of a folder's runs: a run keeps its colour whichever runs are drawn); else by order."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.03, shared_yaxes=True)
     final = ladder.final_by_layer()
     layers = layer_order([str(c) for c in final.columns])
@@ -57,6 +58,7 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
                    show=False, log=True, **kind)
     exits = ladder.summary.dropna(subset=["floor_exit_layer"]).set_index("run")
     for i, run in enumerate(final.index):
+        style = style_of(styles, str(run), i)  # a folder's order: the run's colour in every figure
         values = pd.Series(final.loc[run, layers].to_numpy(dtype=float), index=layers)
         values = values.where(values > 0)  # a log axis: no difference is a gap
         steps = ladder.per_layer[ladder.per_layer["run"] == run].groupby("step")["relative_error"].median()
@@ -69,15 +71,15 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
             legend += f" · {verdicts[run]}"
         # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
         fig.add_trace(go.Scatter(x=layers, y=values.to_numpy(), mode="lines+markers", name=str(run),
-                                 legendgroup=str(run), showlegend=False, line=line_style(i)), row=1, col=1)
+                                 legendgroup=str(run), showlegend=False, line=style), row=1, col=1)
         fig.add_trace(go.Scatter(x=steps.index, y=steps.to_numpy(), mode="lines", name=legend, legendgroup=str(run),
-                                 line=line_style(i)), row=1, col=2)
+                                 line=style), row=1, col=2)
         if exit_ is not None:  # drawn after the lines: on top of them
             hover = f"{run} leaves the noise floor at step {step} in {layer} ({site})<extra></extra>"
             for col, x, y in ((1, layer, values.get(layer)), (2, step, steps.get(step))):
                 fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=f"{run} leaves the noise floor",
                                          legendgroup=str(run), showlegend=False, hovertemplate=hover,
-                                         marker=dict(symbol="triangle-up", size=13, color=colour(i),
+                                         marker=dict(symbol="triangle-up", size=13, color=style["color"],
                                                      line=dict(color="#222222", width=1))), row=1, col=col)
     apply_style(fig, title=f"relative difference of {ladder.stat} against {ladder.reference}",
                 provenance=provenance, height=520, room_below=_SECOND_TITLE_LINE)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,7 +21,10 @@ import plotly.io as pio
 
 from workbench.store.manifest import Provenance
 
-PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255")
+PALETTE: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255",
+                            "#117733", "#88CCEE", "#AA4499", "#999933", "#332288", "#DDCC77", "#44AA99", "#661100")
+"""Okabe and Ito's eight colours, then eight more of Paul Tol's (muted, dark): 16 runs in 16 colours before a
+dash tells two apart."""
 SEQUENTIAL = "Cividis"
 EQUAL_COLOUR = "#e8e8e8"
 """Background of a heatmap where runs are bitwise equal."""
@@ -56,13 +59,28 @@ def colour(index: int) -> str:
 
 
 DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot")
-"""With ``PALETTE``: the line styles of one figure's runs, len(PALETTE) x len(DASHES) = 32 before one repeats."""
+"""With ``PALETTE``: the line styles of one figure's runs, len(PALETTE) x len(DASHES) = 64 before one repeats."""
 
 
 def line_style(index: int) -> dict[str, str]:
     """The colour and dash of the ``index``-th run of a figure: the palette's colours first, solid; then again,
-    dashed; and so on, so that no two of a figure's first 32 runs look alike."""
+    dashed; and so on, so that no two of a figure's first 64 runs look alike."""
     return dict(color=PALETTE[index % len(PALETTE)], dash=DASHES[index // len(PALETTE) % len(DASHES)])
+
+
+RunStyles = Mapping[str, Mapping[str, str]]
+"""A line style (``line_style``) by run name."""
+
+
+def run_styles(names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each run's line style by its place among ``names``, every run of a folder in its order: a run keeps its
+    colour whichever of them a figure draws, in every figure given the same names."""
+    return {name: line_style(i) for i, name in enumerate(dict.fromkeys(names))}
+
+
+def style_of(styles: RunStyles | None, name: str, index: int) -> dict[str, str]:
+    """``name``'s style in ``styles``, else the ``index``-th (a figure drawn without a folder's order)."""
+    return dict(styles[name]) if styles is not None and name in styles else line_style(index)
 
 
 LEGEND_ENTRY_PX = 22

@@ -28,10 +28,11 @@ from workbench.figures.style import (
     NOISE_FLOOR,
     ROUNDING_BAND,
     SEED_SPREAD,
+    RunStyles,
     apply_style,
     floor_band,
     legend_height,
-    line_style,
+    style_of,
 )
 from workbench.store.manifest import Provenance
 
@@ -41,12 +42,14 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                       log_y: bool = False, provenance: Provenance | None = None,
                       title: str | None = None, anomalies: pd.DataFrame | None = None,
                       relative: bool = False, seed_spread: tuple[pd.Series, pd.Series] | None = None,
-                      magnitude: bool = True, rounding: tuple[pd.Series, pd.Series] | None = None) -> go.Figure:
+                      magnitude: bool = True, rounding: tuple[pd.Series, pd.Series] | None = None,
+                      styles: RunStyles | None = None) -> go.Figure:
     """Overlay of ``series`` (run name -> values by step); a difference panel against ``reference``
     (``relative``: the difference divided by the reference's magnitude; ``magnitude``: its absolute value on a
     log axis, else signed on a linear one). ``floor``, ``seed_spread`` and ``rounding`` are (low, high) envelopes
     drawn as bands: the noise floor, the seed-to-seed spread and the rounding band of the reference's band runs
-    (in the difference panel as magnitudes: from zero to the larger of the two)."""
+    (in the difference panel as magnitudes: from zero to the larger of the two). ``styles``: each run's line style
+    (``style.run_styles`` of a folder's runs: a run keeps its colour whichever runs are drawn); else by order."""
     if reference is not None and reference not in series:
         raise ArgumentError(f"reference {reference!r} is not among the runs {', '.join(series)}")
     with_diff = reference is not None and len(series) > 1
@@ -60,7 +63,7 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
         width = 2.4 if name == reference else 1.5
         values = values.dropna()  # NaN is not valid JSON for the widget protocol; a gap reads the same
         fig.add_trace(go.Scatter(x=values.index, y=values.to_numpy(), mode="lines", name=name, legendgroup=name,
-                                 line=dict(**line_style(i), width=width)), row=1, col=1)
+                                 line=dict(**style_of(styles, name, i), width=width)), row=1, col=1)
     if with_diff:
         assert reference is not None
         ref = series[reference]
@@ -87,7 +90,8 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
             if magnitude:
                 diff = diff.abs().where(diff != 0)  # bitwise equal: a gap (log 0)
             fig.add_trace(go.Scatter(x=diff.index, y=diff.to_numpy(), mode="lines", name=name, legendgroup=name,
-                                     showlegend=False, line=dict(**line_style(i), width=1.5)), row=2, col=1)
+                                     showlegend=False, line=dict(**style_of(styles, name, i), width=1.5)),
+                          row=2, col=1)
         measure = f"relative to {reference}" if relative else f"minus {reference}"
         fig.update_yaxes(title=f"|{measure}|" if magnitude else measure, type="log" if magnitude else "linear",
                          exponentformat="power", row=2, col=1)

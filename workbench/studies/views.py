@@ -27,6 +27,7 @@ from workbench.figures.divergence import divergence_heatmap, heatmap_matrix
 from workbench.figures.ladder import ladder_figure
 from workbench.figures.pairs import pairs_figure
 from workbench.figures.sources import sources_figure
+from workbench.figures.style import run_styles
 from workbench.figures.trajectories import trajectory_figure
 from workbench.store.layout import TIMING_SCALARS
 from workbench.studies.measures import own_band
@@ -95,7 +96,7 @@ def trajectories(ws: Workspace, quantity: str = "loss", names: Iterable[str] | N
                                rounding=band(own_band(ws, ws.roles.reference)) if floor else None,
                                log_y=log_y,
                                relative=relative, magnitude=magnitude, anomalies=marks,
-                               provenance=ws.provenance(list(series)), title=title)
+                               provenance=ws.provenance(list(series)), title=title, styles=run_styles(ws.names))
     return View(figure, pd.DataFrame(series))
 
 
@@ -138,7 +139,7 @@ def ladder(ws: Workspace, names: Iterable[str] | None = None, *, reference: str 
     figure = ladder_figure(result, noise=kept(ws.noise_ladder(reference=reference, stat=stat)),
                            seeds=kept(ws.seed_ladder(reference=reference, stat=stat)) if seeds else None,
                            rounding=kept(ws.band_ladder(reference=reference, stat=stat)), verdicts=verdicts,
-                           provenance=ws.provenance([reference, *chosen]))
+                           provenance=ws.provenance([reference, *chosen]), styles=run_styles(ws.names))
     return View(figure, result.summary, indexed=False, result=result)
 
 

@@ -27,6 +27,7 @@ from IPython.display import display
 from workbench.errors import WorkbenchError
 from workbench.figures.divergence import StepBins, divergence_heatmap
 from workbench.figures.elementwise import elementwise_figure
+from workbench.figures.style import run_styles
 from workbench.figures.trajectories import trajectory_figure
 from workbench.sites import SITE_KINDS, layer_label, layer_of, site_matcher, split_site
 from workbench.statistics import STAT_NAMES
@@ -240,6 +241,7 @@ class DivergenceExplorer(WorkbenchWidget):
         self.workspace.follow_site(site)  # its other statistics' series kept as the background reads them
         series = self.workspace.site_series(site, self.stat.value, [a, b], keep_statistic=False)
         figure = trajectory_figure(series, reference=a, quantity=self.stat.value,
+                                   styles=run_styles(self.workspace.names),
                                    title=f"{self.stat.value} of {site} ({layer_label(site)}), clicked at step {step}")
         figure.add_vline(x=step, line=dict(color="#999999", dash="dot"))
         show(self.detail, figure)
