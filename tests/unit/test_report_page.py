@@ -53,6 +53,9 @@ def test_the_runs_table_is_shown_once_and_nothing_is_preformatted_but_the_manife
     style = page[page.index("<style>"):page.index("</style>")]
     assert "overflow-x" not in style and "overflow: auto" not in style and "scroll" not in style  # no printed bars
     assert "white-space: pre-wrap" in style and "@page { size: A4" in style
+    manifests = len(ws.runs)  # collapsed on screen; open on paper, which cannot be clicked
+    assert page.count("<details>") == manifests and _page(summary, ws, {}, "", printed=True).count(
+        "<details open>") == manifests
 
 
 def test_a_table_breaks_names_after_dots_and_underscores_but_keeps_numbers_whole() -> None:

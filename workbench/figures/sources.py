@@ -43,7 +43,7 @@ def sources_figure(table: pd.DataFrame, *, provenance: Provenance | None = None,
     if on_cpu:
         title += ("<br><sup>on this CPU each source is the workbench's emulation of it, and its cost the "
                   "emulation's (negative: the emulation is slower)</sup>")
-    apply_style(fig, title=title, provenance=provenance, height=max(340, 140 + 80 * len(rows)), width=1000)
+    apply_style(fig, title=title, provenance=provenance, height=max(340, 140 + 80 * len(rows)))  # as wide as its place
     fig.update_layout(margin=dict(l=330, t=100))
     fit_footer(fig)
     finite = final[np.isfinite(final) & (final > 0)]

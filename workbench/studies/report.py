@@ -106,14 +106,15 @@ def report_figures(ws: Workspace) -> dict[str, go.Figure]:
     return figures
 
 
-def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: str) -> str:
+def _page(summary: StudySummary, ws: Workspace, bodies: dict[str, str], head: str, *, printed: bool = False) -> str:
+    """The report's HTML; ``printed`` (the PDF's page): every manifest open, as a page cannot be clicked."""
     # a finding's further lines (the environments that differ) kept as lines, not run into its first
     findings = "".join(f"<li>{'<br>'.join(html.escape(part.strip()) for part in line.splitlines())}</li>"
                        for line in summary.findings)
     tables = "".join(f"<h3>{html.escape(t.heading[:1].upper() + t.heading[1:])}</h3>"
                      f"{_table(t.frame, index=t.index, floats=t.format)}" for t in summary.tables())
     manifests = "".join(
-        f"<details><summary>{html.escape(name)} ({html.escape(run.run_id)})</summary>"
+        f"<details{' open' if printed else ''}><summary>{html.escape(name)} ({html.escape(run.run_id)})</summary>"
         f"<pre>{html.escape(json.dumps(run.attrs, indent=1, default=str))}</pre></details>"
         for name, run in ws.runs.items())
     figures = "".join(f'<section class="figure" id="{html.escape(name)}">{body}</section>'
@@ -193,7 +194,7 @@ def write_report(ws: Workspace, out: str | Path, *, fmt: str = "html",
         written = export_figures(printed, tmp, ["svg"], scale=1.0, progress=say)
         bodies = {path.stem: path.read_text(encoding="utf-8") for path in written}
         page = Path(tmp) / "report.html"
-        page.write_text(_page(summary, ws, bodies, ""), encoding="utf-8")
+        page.write_text(_page(summary, ws, bodies, "", printed=True), encoding="utf-8")
         say("printing to PDF")
         with disk.written(out) as partial:  # no browser or a full disk: no folder made for it stays
             _print_pdf(page, partial, out)

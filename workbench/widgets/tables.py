@@ -20,9 +20,10 @@ _STYLES = [
     {"selector": "th", "props": "max-width: 8em; white-space: normal; text-align: left; font-size: 0.85em;"},
     {"selector": "td", "props": "white-space: nowrap; font-size: 0.85em; padding: 2px 8px;"},
 ]
-_LONG_TEXT = [{"selector": "td", "props": "white-space: normal; word-break: break-all; min-width: 10em; "
+_LONG_TEXT = [{"selector": "td", "props": "white-space: normal; overflow-wrap: anywhere; min-width: 10em; "
                                          "max-width: 18em;"}]
-"""Cells of a column of long names (sites): wrapped inside the cell, anywhere (a site's name has no spaces)."""
+"""Cells of a column of long names (sites): wrapped inside the cell at a space where there is one, inside a name
+only where it would not fit (``word-break: break-all`` broke "word_embeddings" where a line had room)."""
 
 
 def number(x: float, digits: int = DIGITS) -> str:
