@@ -3,8 +3,6 @@ trajectories turned bf16 from pink to blue)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from workbench.figures.style import PALETTE, run_styles
