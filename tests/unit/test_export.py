@@ -69,6 +69,9 @@ def test_png_has_magic_bytes_and_scaled_size(exported: tuple[Path, list[Path], l
         assert data[12:16] == b"IHDR", path
         width, height = struct.unpack(">II", data[16:24])  # IHDR: width, height as big-endian uint32
         assert (width, height) == (WIDTH * SCALE, HEIGHT * SCALE), path
+        assert data[37:41] == b"pHYs", path  # its physical size said: the layout's inches at 96 px per inch
+        per_metre, _, unit = struct.unpack(">IIB", data[41:50])
+        assert unit == 1 and abs(per_metre * 0.0254 - 96 * SCALE) < 0.5, path
 
 
 @needs_browser
@@ -87,7 +90,9 @@ def test_pdf_is_complete(exported: tuple[Path, list[Path], list[str]]) -> None:
         data = path.read_bytes()
         assert data.startswith(b"%PDF-"), path
         assert data.rstrip().endswith(b"%%EOF"), path
-        assert b"/MediaBox" in data, path
+        box = re.search(rb"/MediaBox\s*\[\s*0\s+0\s+([\d.]+)\s+([\d.]+)", data)
+        assert box is not None, path  # the page is the layout's size in points (72 per 96 px), whatever the scale
+        assert abs(float(box[1]) - WIDTH * 0.75) < 1 and abs(float(box[2]) - HEIGHT * 0.75) < 1, (path, box[0])
 
 
 def test_html_is_self_contained_and_needs_no_browser(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

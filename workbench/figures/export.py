@@ -24,7 +24,9 @@ import os
 import queue
 import re
 import shutil
+import struct
 import threading
+import zlib
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ import plotly.graph_objects as go
 
 from workbench import disk
 from workbench.errors import ArgumentError, ExportError
+from workbench.figures.style import PX_PER_IN
 
 FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "html")
 """Formats ``export_figures`` writes; all but "html" need a browser."""
@@ -127,6 +130,8 @@ def export_figures(
     with closing(_render(jobs, browser, mathjax_path)) as images:
         for job, data in images:
             assert job.path is not None  # every job built above has a path
+            if job.fmt == "png":
+                data = png_with_dpi(data, PX_PER_IN * job.opts["scale"])
             with disk.written(job.path, needed=len(data)) as partial:
                 partial.write_bytes(data)
             record(job.path)
@@ -287,7 +292,22 @@ def _no_browser_message(static: Sequence[str], written: Sequence[Path]) -> str:
 
 def _layout_opts(fmt: str, scale: float, width: int | None, height: int | None) -> dict[str, Any]:
     # kaleido fills a None width/height as plotly's to_image does: the figure's layout, its template, 700x500.
-    return {"format": fmt, "width": width, "height": height, "scale": scale}
+    # A PDF is drawn in points: its page is the layout at 96 px per inch, and a scale would only enlarge the page
+    # (a paper column's figure, 3.5 in, came out 7 in wide).
+    return {"format": fmt, "width": width, "height": height, "scale": 1.0 if fmt == "pdf" else scale}
+
+
+def png_with_dpi(data: bytes, dpi: float) -> bytes:
+    """PNG ``data`` with its physical resolution said (a ``pHYs`` chunk after ``IHDR``): a figure exported at
+    ``scale`` holds 96 x ``scale`` pixels per inch, so a paper's tools place it at its layout's size in inches.
+    ``data`` that already says one is returned as it is."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or b"pHYs" in data[:64]:
+        return data
+    per_metre = round(dpi / 0.0254)
+    body = b"pHYs" + struct.pack(">IIB", per_metre, per_metre, 1)  # unit 1: the metre
+    chunk = struct.pack(">I", 9) + body + struct.pack(">I", zlib.crc32(body))
+    end_of_header = 8 + 8 + 13 + 4  # the signature, IHDR's length and type, its 13 bytes, its CRC
+    return data[:end_of_header] + chunk + data[end_of_header:]
 
 
 def _file_stems(figures: Mapping[str, go.Figure]) -> dict[str, str]:
