@@ -218,3 +218,22 @@ def test_a_bad_tokens_per_expert_line_is_one_line_and_exit_2(tmp_path: Path,
         log.write('{"iter": 2, "block": "decoder", "layer": 1, "tpe": [[1, -2]]}\n')
     line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
     assert "rank0.jsonl:2: not a tokens-per-expert record" in line
+
+
+def test_a_tokens_per_expert_log_that_is_not_text_is_one_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    save = _tokens_per_expert(tmp_path / "save", {0: [[[1, 2]]]})
+    with (save / "tokens_per_expert" / "rank0.jsonl").open("ab") as log:
+        log.write(b'{"iter": 2, "block": "\xff\xfe"}\n')
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    assert "rank0.jsonl:2: not UTF-8 text" in line and not (tmp_path / "run").exists()
+
+
+def test_a_dump_folder_whose_iteration_is_damaged_sizes_no_store(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    save = write_dumps(tmp_path / "save", 1, full_tensors())
+    for kind in save.iterdir():  # iter_0000001 read as iter_9999999: a store of ten million steps
+        if (kind / "iter_0000001").is_dir():
+            (kind / "iter_0000001").rename(kind / "iter_9999999")
+    line = _one_line_exit_2(["import-megatron-dumps", str(save), "--out", str(tmp_path / "run")], capsys)
+    assert "last iter_N folder's: step 9,999,99" in line and "beyond" in line and not (tmp_path / "run").exists()

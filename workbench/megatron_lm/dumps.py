@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from workbench.errors import ImportFormatError
-from workbench.importers.table import write_unlogged_scalars
+from workbench.importers.table import check_last_step, write_unlogged_scalars
 from workbench.megatron_lm.router_traces import LIMITS as ROUTER_LIMITS
 from workbench.megatron_lm.router_traces import layer_record, read_router_traces, router_trace_files
 from workbench.recorder.kernels import accumulate, new_accumulators
@@ -503,7 +503,7 @@ def _read_tokens_per_expert(files: dict[int, Path], dump: DumpLayout, found: _Ac
             rank // (tp * ep * dp)
         if tp_rank or dp_rank:
             continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(_text_lines(path), 1):
             if not line.strip():
                 continue
             entry = _tpe_entry(line, f"{path}:{number}")
@@ -517,6 +517,17 @@ def _read_tokens_per_expert(files: dict[int, Path], dump: DumpLayout, found: _Ac
             _add(found, int(entry["iter"]) - 1, f"act:layers.{layer}.mlp.tokens_per_expert", counts, where,
                  (SITE_KINDS.index("act"), layer, 1 << 20, pp_rank))
     return sum(path.stat().st_size for path in files.values())
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """The lines of ``path``, read one at a time; ``ImportFormatError`` naming the line that is not UTF-8 text."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ImportFormatError(f"{path}:{number}: not UTF-8 text; a tokens-per-expert log is JSON "
+                                        "lines") from None
 
 
 def _tpe_entry(line: str, where: str) -> dict[str, Any]:
@@ -541,6 +552,7 @@ def _write(run_dir: Path, name: str, save_dir: Path, files: list[DumpFile], dump
         raise ImportFormatError(f"{save_dir}: the dumps hold no tensors")
     sites = sorted(found.order, key=lambda s: (found.order[s], s))
     steps = sorted({step for step, _ in found.sums})
+    check_last_step(steps[-1], len(steps), f"{save_dir}: the last iter_N folder's")  # a damaged iter_N name
     info = RunManifest(run_id=new_run_id(name), name=name, producer="import: megatron-lm dumps",
                        layout=ParallelLayout(tp=dump.tp, pp=dump.pp, vp=dump.vp, ep=dump.ep,
                                              sp=dump.sequence_parallel),
