@@ -204,3 +204,17 @@ def test_a_click_on_a_cell_on_the_frontier_or_in_the_site_list_shows_that_site(t
     explorer.site_list.value = values[1]  # no click at all
     assert explorer.selected is not None and explorer.selected[0] == values[1]
     assert heard == [other, first[0], values[1]]
+
+
+def test_a_filter_that_leaves_the_detail_s_site_out_moves_the_detail_to_a_shown_site(tmp_path: Path) -> None:
+    write_synthetic_run(tmp_path / "a", steps=12, sites=40, seed=4)
+    write_synthetic_run(tmp_path / "b", steps=12, sites=40, seed=4, diverge_at=(5, 7))
+    explorer = DivergenceExplorer(tmp_path, reference="a", other="b")
+    assert explorer.selected is not None
+    shown = explorer.selected[0]
+    others = [value for _, value in explorer.site_list.options if value != shown and ":" in value]
+    kept = others[0].split(":", 1)[1]
+    explorer.site_glob.value = f"*{kept}"  # a glob that leaves the detail's site out
+    listed = [value for _, value in explorer.site_list.options]
+    assert shown not in listed and explorer.selected is not None and explorer.selected[0] in listed
+    assert explorer.selected[0] in explorer.detail.layout.title.text

@@ -186,6 +186,10 @@ class DivergenceExplorer(WorkbenchWidget):
         elif self.selected is not None and self.selected[0] in rows and \
                 self._detail != (self.reference.value, self.other.value, self.stat.value):
             self.show_site(*self.selected)  # the clicked site, in the pair and statistic now chosen
+        elif self.selected is not None and self.selected[0] not in rows and self.site_list.options:
+            # the filter left the detail's site out: the detail shows the first shown site to differ instead
+            site = self.site_list.options[0][1]
+            self.show_site(site, self._site_steps.get(site, low))
 
     def _reset_ranges(self, sites: list[str], steps: list[int]) -> None:
         layers = [layer_of(split_site(s)[1]) for s in sites]
