@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.widgets.common import figure_widget, show
@@ -78,3 +80,19 @@ def test_the_widget_module_is_small_and_plotlys_code_travels_as_state() -> None:
     module = str(widget._esm)
     assert len(module) < 2000 and "render" in module and "initialize(" not in module.split("render")[0]
     assert widget.get_state()["_plotly_code"] == str(go.FigureWidget._esm)
+
+
+def test_the_export_bar_says_what_it_wrote_beside_its_button(tmp_path: Path) -> None:
+    import ipywidgets as widgets
+
+    from workbench.widgets.common import ExportBar
+
+    content: list[tuple[dict[str, go.Figure], dict[str, pd.DataFrame]]] = []
+    bar = ExportBar(lambda: content[0] if content else None)
+    beside = [child for child in bar.children if isinstance(child, widgets.VBox)][0]
+    assert bar.button in beside.children and bar.status in beside.children  # under the button, not at the top
+    assert bar.export() == [] and bar.status.value == "nothing to export yet"
+    content.append(({"f": go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))}, {"f": pd.DataFrame({"x": [1]})}))
+    bar.folder.value, bar.formats.value = str(tmp_path / "out"), ("html",)
+    assert sorted(p.name for p in bar.export()) == ["f.csv", "f.html"]
+    assert bar.status.value.startswith("wrote 2 files to ")

@@ -1,8 +1,7 @@
 """What every widget shares: showing a figure in place, and the export bar (figures and CSV).
 
     show(self.figure, pairs_figure(...))
-    self.export_bar = ExportBar(self.status, lambda: ({"pair-matrix": go.Figure(self.figure)},
-                                                      {"pair-matrix": matrix.table()}))
+    self.export_bar = ExportBar(lambda: ({"pair-matrix": go.Figure(self.figure)}, {"pair-matrix": matrix.table()}))
 """
 
 from __future__ import annotations
@@ -182,11 +181,12 @@ def show(target: go.FigureWidget, figure: go.Figure) -> None:
 
 
 class ExportBar(widgets.HBox):
-    """Folder, formats and a button that writes what ``exported()`` returns; reports on ``status``."""
+    """Folder, formats and a button that writes what ``exported()`` returns; says what it wrote beside the button
+    (``status``, its own line: the widget's status line sits above the figures, off screen from the button)."""
 
-    def __init__(self, status: widgets.HTML, exported: Callable[[], Exported | None]) -> None:
+    def __init__(self, exported: Callable[[], Exported | None]) -> None:
         super().__init__()
-        self.status = status
+        self.status = widgets.HTML()
         self.exported = exported
         # relative to the notebook: notebooks/figures/ in this repository, which git ignores
         self.folder = widgets.Text(value="figures", description="export to", style={"description_width": "initial"})
@@ -195,7 +195,7 @@ class ExportBar(widgets.HBox):
         self.button = widgets.Button(description="export figures and CSV", icon="download",
                                      layout=widgets.Layout(width="auto"))  # its default width cuts the words
         self.button.on_click(lambda _: self.export())
-        self.children = [self.folder, self.formats, self.button]
+        self.children = [self.folder, self.formats, widgets.VBox([self.button, self.status])]
 
     def export(self) -> list[Path]:
         """Write the figures in the chosen formats and the data as CSV; the paths written."""
@@ -232,7 +232,7 @@ class WorkbenchWidget(widgets.VBox):
         self.add_class(self.css_class)
         self.workspace: Workspace | None = None
         self.status = widgets.HTML()
-        self.export_bar = ExportBar(self.status, self.exported)
+        self.export_bar = ExportBar(self.exported)
         self._quiet = True
 
     def watch(self, *controls: widgets.Widget) -> None:
