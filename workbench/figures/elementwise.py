@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.analysis.elementwise import ElementwiseDifference
-from workbench.figures.style import apply_style, colour, fit_footer, legend_rows
+from workbench.figures.style import apply_style, colour, fit_footer, legend_rows, log_ticks
 from workbench.store.manifest import Provenance
 
 
@@ -40,7 +40,8 @@ def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step
     fig.update_layout(barmode="group", margin=dict(t=_TITLE_BAND + _LEGEND_ROW * rows),
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom",
                                   traceorder="normal"))
-    fig.update_yaxes(type="log", title="elements", exponentformat="power", row=1, col=1)
+    fig.update_yaxes(type="log", title="elements", exponentformat="power", row=1, col=1,
+                     **log_ticks(*(d.ulp_histogram.to_numpy() for d in differences.values())))
     bins = list(dict.fromkeys(label for d in differences.values() for label in d.ulp_histogram.index))
     every = -(-len(bins) // 14)  # at most ~14 labels: upright, none over another
     fig.update_xaxes(title="ULP distance in the training dtype",

@@ -24,6 +24,7 @@ from workbench.figures.style import (
     apply_style,
     floor_band,
     legend_rows,
+    log_ticks,
     style_of,
 )
 from workbench.sites import layer_order
@@ -94,8 +95,10 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
                      tickmode="array", tickvals=shown, ticktext=[_short_layer(lb) for lb in shown], tickangle=0,
                      col=1)
     fig.update_xaxes(title="step<br>(median of layers)", tickangle=0, col=2)
-    fig.update_yaxes(type="log", exponentformat="power", title="relative difference", col=1)
-    fig.update_yaxes(type="log", exponentformat="power", col=2)
+    # both panels share their values' span (bands and runs): a decade a label where that is two decades or more
+    ticks = log_ticks(*(t.y for t in fig.data if t.y is not None and t.type == "scatter"))
+    fig.update_yaxes(type="log", exponentformat="power", title="relative difference", col=1, **ticks)
+    fig.update_yaxes(type="log", exponentformat="power", col=2, **ticks)
     return fig
 
 

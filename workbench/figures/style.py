@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -66,6 +66,16 @@ def line_style(index: int) -> dict[str, str]:
     """The colour and dash of the ``index``-th run of a figure: the palette's colours first, solid; then again,
     dashed; and so on, so that no two of a figure's first 64 runs look alike."""
     return dict(color=PALETTE[index % len(PALETTE)], dash=DASHES[index // len(PALETTE) % len(DASHES)])
+
+
+def log_ticks(*values: Iterable[float]) -> dict[str, float]:
+    """A log axis's tick spacing for ``values``: one label a decade (``dtick=1``) when they span at least two
+    decades, where plotly's own labels the 2s and 5s between them too ("10⁴ 5 2 10³ 5 2", crowded); else
+    nothing, and plotly's choice (inside a decade a decade's labels would leave the axis bare)."""
+    finite = [float(v) for group in values for v in group if v is not None and math.isfinite(v) and v > 0]
+    if not finite or math.log10(max(finite) / min(finite)) < 2:
+        return {}
+    return {"dtick": 1}
 
 
 RunStyles = Mapping[str, Mapping[str, str]]

@@ -32,6 +32,7 @@ from workbench.figures.style import (
     apply_style,
     floor_band,
     legend_height,
+    log_ticks,
     style_of,
 )
 from workbench.store.manifest import Provenance
@@ -93,8 +94,9 @@ def trajectory_figure(series: Mapping[str, pd.Series], *, reference: str | None 
                                      showlegend=False, line=dict(**style_of(styles, name, i), width=1.5)),
                           row=2, col=1)
         measure = f"relative to {reference}" if relative else f"minus {reference}"
+        ticks = log_ticks(*(t.y for t in fig.data if t.yaxis == "y2" and t.y is not None)) if magnitude else {}
         fig.update_yaxes(title=f"|{measure}|" if magnitude else measure, type="log" if magnitude else "linear",
-                         exponentformat="power", row=2, col=1)
+                         exponentformat="power", row=2, col=1, **ticks)
         if equal:  # said in the legend, where it covers no curve (a log axis has no place for a zero)
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", marker=dict(color="rgba(0,0,0,0)"),
                                      name=f"equal to {reference} at every step: {', '.join(equal)}",
