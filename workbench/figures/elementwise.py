@@ -37,7 +37,10 @@ def elementwise_figure(differences: Mapping[str, ElementwiseDifference], *, step
     title = f"{a} vs {b} at step {step}: element-wise differences of {len(sites)} snapshots"
     apply_style(fig, title=title, provenance=provenance, height=max(460, 360 + 26 * len(sites)))
     rows = legend_rows(sites) if named else 0
+    # the title pinned to the top of the figure, the legend under it: plotly centres a title in the top margin,
+    # and a margin grown for the legend's rows brought the title down onto the legend's first entry (the report)
     fig.update_layout(barmode="group", margin=dict(t=_TITLE_BAND + _LEGEND_ROW * rows),
+                      title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=14)),
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom",
                                   traceorder="normal"))
     fig.update_yaxes(type="log", title="elements", exponentformat="power", row=1, col=1,
