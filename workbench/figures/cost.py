@@ -8,12 +8,19 @@ Pure: a table in, a plotly figure out.
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.figures.style import PALETTE, apply_style
 from workbench.store.manifest import Provenance
+
+_LABEL_CHARS = 14
+"""Characters a line of a configuration's tick label holds: two of them side by side in a panel of a 700 px figure."""
+_LINE_PX = 16
+"""Pixels a line more of a tick label takes."""
 
 
 def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None, rate: str = "tokens per second",
@@ -33,7 +40,13 @@ def cost_figure(cost: pd.DataFrame, *, provenance: Provenance | None = None, rat
                                           arrayminus=cost["tax_percent"] - cost["ci_low"]),
                              hovertemplate="%{x}<br>tax %{y:.1f} %<extra></extra>"), row=1, col=2)
     fig.add_hline(y=0, line=dict(color="#999999", width=1), row=1, col=2)
-    apply_style(fig, title=title, provenance=provenance, height=480)
+    # a configuration's name on lines of its own words, upright: slanted, plotly's labels ran over each other and
+    # over the provenance footer (the report's print size)
+    labels = ["<br>".join(textwrap.wrap(str(c), _LABEL_CHARS)) or str(c) for c in configs]
+    lines = max((label.count("<br>") + 1 for label in labels), default=1)
+    apply_style(fig, title=title, provenance=provenance, height=480 + _LINE_PX * (lines - 1),
+                room_below=_LINE_PX * (lines - 1))
+    fig.update_xaxes(tickmode="array", tickvals=configs, ticktext=labels, tickangle=0)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title=rate, col=1)
     fig.update_yaxes(title="tax %", col=2)
