@@ -49,6 +49,8 @@ PRINT_HALF_PAGE = 480
 less the gaps around them)."""
 PRINT_FULL_PAGE = 1000
 """Most pixels a figure of the PDF is high when it needs a page of its own."""
+PRINT_HEATMAP_ROWS = 100
+"""A heatmap of more rows (sites) than this is printed a page high."""
 PRINT_SIDE_LEGEND = 10
 """Most entries a legend beside a printed figure holds; a longer one goes above the plot."""
 
@@ -162,11 +164,14 @@ section.figure > svg { display: block; max-width: 100%; height: auto; }
 def _for_print(fig: go.Figure) -> go.Figure:
     """``fig`` at the width of the page and half its height (two to a page); one that needs more than ~600 px
     (a heatmap of many layers, its labels 14 px apart) keeps its height, up to a page. Wider figures keep their
-    width and are scaled to the page. A side legend of more than ``PRINT_SIDE_LEGEND`` entries goes above the
-    plot, in rows, the figure taller by them: beside the plot it left a 700 px page 2.7 in for the data (the loss
-    of 23 runs)."""
+    width and are scaled to the page; a heatmap of more than ``PRINT_HEATMAP_ROWS`` rows takes a page. A side
+    legend of more than ``PRINT_SIDE_LEGEND`` entries goes above the plot, in rows, the figure taller by them:
+    beside the plot it left a 700 px page 2.7 in for the data (the loss of 23 runs)."""
     height = fig.layout.height or 520
     height = min(height, PRINT_HALF_PAGE) if height <= 600 else min(height, PRINT_FULL_PAGE)
+    rows = max((len(t.z) for t in fig.data if t.type == "heatmap" and t.z is not None), default=0)
+    if rows > PRINT_HEATMAP_ROWS:  # a page of its own: 307 sites in 2 in were lines, not rows
+        height = PRINT_FULL_PAGE
     width = max(fig.layout.width or 0, PRINT_WIDTH)
     entries = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
     if fig.layout.legend.orientation != "h" and len(entries) > PRINT_SIDE_LEGEND:
