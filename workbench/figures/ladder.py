@@ -25,6 +25,7 @@ from workbench.figures.style import (
     floor_band,
     legend_rows,
     log_ticks,
+    short_layer,
     style_of,
 )
 from workbench.sites import layer_order
@@ -67,7 +68,7 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
         exit_, legend = (exits.loc[run] if run in exits.index else None), str(run)
         if exit_ is not None:
             layer, step, site = str(exit_["floor_exit_layer"]), int(exit_["floor_exit_step"]), exit_["floor_exit_site"]
-            legend = f"{run} {_EXIT} {_short_layer(layer)}, step {step}"
+            legend = f"{run} {_EXIT} {short_layer(layer)}, step {step}"
         if verdicts is not None and run in verdicts:
             legend += f" · {verdicts[run]}"
         # the left line keeps the run's name; the right one carries the legend entry, with where it leaves the floor
@@ -92,7 +93,7 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
                       margin=dict(t=_TITLE_BAND + _LEGEND_ROW * (legend_rows(entries) + (title is not None))))
     shown = layers[::max(1, -(-len(layers) // _MOST_LAYER_TICKS))]
     fig.update_xaxes(title="layer<br>(at the last step)", type="category", categoryorder="array", categoryarray=layers,
-                     tickmode="array", tickvals=shown, ticktext=[_short_layer(lb) for lb in shown], tickangle=0,
+                     tickmode="array", tickvals=shown, ticktext=[short_layer(lb) for lb in shown], tickangle=0,
                      col=1)
     fig.update_xaxes(title="step<br>(median of layers)", tickangle=0, col=2)
     # both panels share their values' span (bands and runs): a decade a label where that is two decades or more
@@ -105,17 +106,11 @@ def ladder_figure(ladder: Ladder, *, noise: Ladder | None = None, seeds: Ladder 
 _EXIT = "▲"
 _MOST_LAYER_TICKS = 8
 """Layer names under the left panel: at a paper column's width (~150 px, 9 px type) eight short ones fit upright."""
-_SHORT_LAYERS = {"embedding": "emb", "final_layernorm": "ln_f", "output_layer": "out"}
 _TITLE_BAND = 44
 """Pixels above the legend for the title (13 px type and its padding)."""
 _LEGEND_ROW = 22
 """Pixels a row of the legend (or its title) takes: 13 px type, no gap between groups (tracegroupgap=0)."""
 _SECOND_TITLE_LINE = 20
 """Pixels under the plot for the x axis titles' second line (13 px type)."""
-
-
-def _short_layer(label: str) -> str:
-    """A layer's label as the ladder's axis writes it: ``emb``, ``L0`` ..., ``ln_f``, ``out``, ``loss``."""
-    return _SHORT_LAYERS.get(label, label)
 
 

@@ -78,6 +78,16 @@ def log_ticks(*values: Iterable[float]) -> dict[str, float]:
     return {"dtick": 1}
 
 
+SHORT_LAYERS = {"embedding": "emb", "final_layernorm": "ln_f", "output_layer": "out"}
+"""The short names of the layers that are not ``L<n>``, where a paper's width leaves no room for the long."""
+
+
+def short_layer(label: str) -> str:
+    """A layer's label (``sites.layer_label``), or labels joined by `` · ``, made short: ``emb``, ``L0`` ...,
+    ``ln_f``, ``out``."""
+    return " · ".join(SHORT_LAYERS.get(part, part) for part in label.split(" · "))
+
+
 RunStyles = Mapping[str, Mapping[str, str]]
 """A line style (``line_style``) by run name."""
 
@@ -213,6 +223,9 @@ def for_paper(fig: go.Figure, size: str) -> go.Figure:
         else []
     # the y tick labels' width and the axis title: set, so that plotly need not push the plot (the footer is
     # placed from the left margin)
+    for axis in out.select_yaxes():  # layer names short: a heatmap's "final_layernorm · output_layer" took a third
+        if axis.ticktext:            # of a column's width
+            axis.ticktext = [short_layer(str(text)) for text in axis.ticktext]
     names = max((_label_chars(out, axis) for axis in out.select_yaxes()), default=0)
     left, right = round(max(6.5, 0.6 * names + 2.7) * font), round(1.5 * font)
     # titles over the panels (make_subplots' annotations): wrapped to their panel, the legend above them

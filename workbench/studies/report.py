@@ -169,15 +169,14 @@ def _for_print(fig: go.Figure) -> go.Figure:
     beside the plot it left a 700 px page 2.7 in for the data (the loss of 23 runs)."""
     height = fig.layout.height or 520
     height = min(height, PRINT_HALF_PAGE) if height <= 600 else min(height, PRINT_FULL_PAGE)
-    rows = max((len(t.z) for t in fig.data if t.type == "heatmap" and t.z is not None), default=0)
-    if rows > PRINT_HEATMAP_ROWS:  # a page of its own: 307 sites in 2 in were lines, not rows
+    sites = max((len(t.z) for t in fig.data if t.type == "heatmap" and t.z is not None), default=0)
+    if sites > PRINT_HEATMAP_ROWS:  # a page of its own: 307 sites in 2 in were lines, not rows
         height = PRINT_FULL_PAGE
     width = max(fig.layout.width or 0, PRINT_WIDTH)
     entries = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
     if fig.layout.legend.orientation != "h" and len(entries) > PRINT_SIDE_LEGEND:
         fig = go.Figure(fig)
-        rows = legend_rows(entries, 0.9 * width)
-        grown = round(rows * 22)
+        grown = round(legend_rows(entries, 0.9 * width) * 22)
         fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom"),
                           title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=14)),
                           margin=dict(t=(fig.layout.margin.t or 60) + grown, r=30))
