@@ -74,7 +74,7 @@ def test_the_explorer_exports_its_figures_and_the_heatmap_data(folder: Path, tmp
     names = sorted(p.name for p in explorer.export())
     assert names == ["divergence-heatmap.csv", "divergence-heatmap.html", "site-detail.html"]
     data = pd.read_csv(tmp_path / "divergence-heatmap.csv", index_col=0)
-    assert data.shape[0] == 12 and "wrote 3 files" in explorer.status.value  # one row per site
+    assert data.shape[0] == 12 and "wrote 3 files" in explorer.export_bar.status.value  # one row per site
 
 
 def test_a_folder_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
