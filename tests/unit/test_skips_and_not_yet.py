@@ -35,10 +35,12 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("verb", [["ls"], ["summary"], ["report", "-o", "{tmp}/r.html"]])
+@pytest.mark.parametrize("verb", [["ls"], ["summary"], ["report", "-o", "{tmp}/r.html"],
+                                  ["figure", "trajectories", "-o", "{tmp}/t.html"]])
 def test_folder_wide_verbs_name_each_folder_they_skip_after_their_output(
         folder: Path, verb: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [verb[0], str(folder), *[part.format(tmp=tmp_path) for part in verb[1:]]]
+    head = verb[:2] if verb[0] == "figure" else verb[:1]  # `figure KIND RUNS... -o FILE`
+    argv = [*head, str(folder), *[part.format(tmp=tmp_path) for part in verb[len(head):]]]
     assert main(argv) == 0
     captured = capsys.readouterr()
     skipped = [line for line in captured.err.splitlines() if line.startswith("workbench: skipped")]
@@ -98,3 +100,14 @@ def test_check_refuses_a_golden_file_that_holds_no_step(folder: Path, tmp_path: 
     golden.write_text(json.dumps(document))
     assert main(["check", str(folder / "a"), "--golden", str(golden)]) == 2
     assert "holds no value of any step" in capsys.readouterr().err
+
+
+def test_a_widget_opens_a_folder_with_an_unreadable_store_and_names_it(folder: Path) -> None:
+    import ipywidgets as widgets
+
+    from workbench.widgets.common import open_workspace
+
+    status = widgets.HTML()
+    workspace = open_workspace(folder, status)
+    assert workspace is not None and sorted(workspace.names) == ["a", "b"]
+    assert "skipped 2 unreadable" in status.value and "zarr-v2" in status.value and "no-zarr-json" in status.value

@@ -4,6 +4,7 @@ runs supports, with the findings and the manifests)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def _figure(args: argparse.Namespace) -> int:
         raise ArgumentError(f"--stat {args.stat!r}: no such statistic; one of {', '.join(STAT_NAMES)}")
     if args.quantity not in SCALAR_FIELDS:
         raise ArgumentError(f"--quantity {args.quantity!r}: no such per-step scalar; one of {', '.join(SCALAR_FIELDS)}")
-    ws = Workspace.open(*args.runs)
+    skipped = SkippedRuns()
+    ws = Workspace.open(*args.runs, on_skip=skipped)
     names = [p.resolve().name for p in args.runs]
     named = names if all(n in ws.runs for n in names) else None  # run folders, not a folder of runs
     if args.kind == "heatmap":
@@ -72,6 +74,8 @@ def _figure(args: argparse.Namespace) -> int:
         args.data.parent.mkdir(parents=True, exist_ok=True)
         view.data.to_csv(args.data, index=view.indexed)
         print(f"wrote {args.data} (the plotted data)")
+    sys.stdout.flush()
+    skipped.say()
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import json
 from collections.abc import Callable, Mapping
 from copy import deepcopy
@@ -35,17 +36,21 @@ Exported = tuple[Mapping[str, go.Figure], Mapping[str, pd.DataFrame]]
 
 
 def open_workspace(directory: str | Path, status: widgets.HTML, *, pairs: bool = False) -> Workspace | None:
-    """The folder's workspace, or None with the reason on ``status`` (with ``pairs``: two recorded runs needed)."""
+    """The folder's workspace, or None with the reason on ``status`` (with ``pairs``: two recorded runs needed). A
+    run under the folder that cannot be read is left out and named on ``status``, as ``workbench ls`` names it."""
     from workbench.studies.workspace import Workspace
 
+    skipped: list[str] = []
     try:
-        workspace = Workspace.open(directory)
+        workspace = Workspace.open(directory, on_skip=lambda path, err: skipped.append(f"{path.name} ({err})"))
     except WorkbenchError as err:
         status.value = f"<b>cannot open {directory}</b>: {err}"
         return None
     if pairs and len(workspace.recorded) < 2:
         status.value = f"{directory}: fewer than two runs with per-site records; nothing to compare"
         return None
+    if skipped:
+        status.value = html.escape(f"skipped {len(skipped)} unreadable: {'; '.join(skipped)}")
     return workspace
 
 
