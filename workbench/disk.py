@@ -66,12 +66,19 @@ def no_room(err: OSError, path: str | os.PathLike[str] | None = None, needed: in
                          f"elsewhere{after}")
 
 
+def missing_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, innermost first: what a writer that makes ``path`` made,
+    and gives back if it fails."""
+    path = Path(path)
+    return [f for f in (path, *path.parents) if not f.exists()]
+
+
 @contextlib.contextmanager
 def made(folder: str | os.PathLike[str]) -> Iterator[Path]:
     """``folder``, made with its missing parents; if the block fails, the folders made here are removed again
     (with what the block wrote in them: all of it is this block's). A full disk becomes ``DiskFullError``."""
     folder = Path(folder)
-    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    missing = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         yield folder

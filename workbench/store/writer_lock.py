@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from workbench.disk import is_no_room, no_room
+from workbench.disk import is_no_room, missing_folders, no_room
 from workbench.errors import ArgumentError, DiskFullError
 from workbench.store import layout
 
@@ -133,7 +133,7 @@ def _take(folder: Path, writer: str, rank: int | None) -> int:
     if store is not None:
         raise ArgumentError(f"{folder} lies inside the run store {store}: a run folder cannot go there; choose "
                             "a folder outside every run.zarr")
-    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    missing = missing_folders(folder)
     new_file = not (folder / LOCK_FILE).exists()
     while True:
         try:
@@ -209,7 +209,7 @@ def writing(run_dir: str | os.PathLike[str], *, writer: str, rank: int | None = 
     """``acquire``, released at the end of the block; a folder the lock made is removed again if the block fails
     before writing anything into it, or, with ``discard`` (an importer: half a store is no store), whatever the
     block wrote in it. A full disk met in a ``discard`` block is ``DiskFullError``."""
-    missing = [f for f in (Path(run_dir), *Path(run_dir).parents) if not f.exists()]
+    missing = missing_folders(run_dir)
     made = bool(missing)
     lock = acquire(run_dir, writer=writer, rank=rank)
     failed = True
